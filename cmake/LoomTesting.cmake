@@ -1,0 +1,49 @@
+# Test helpers for loom's own build (not installed).
+
+# loom_add_compile_fail_test(<file.fail.cpp>)
+#   The file holds one `// expect-error: <regex>` line. Built with LOOM_FAIL defined it must
+#   fail with output matching <regex> (a loom message, never compiler wording); built without,
+#   it must compile: that twin is part of the normal build.
+function(loom_add_compile_fail_test file)
+  get_filename_component(name "${file}" NAME_WE)
+  file(STRINGS "${file}" expect REGEX "^// expect-error: ")
+  list(LENGTH expect n)
+  if(NOT n EQUAL 1)
+    message(FATAL_ERROR "${file}: needs exactly one '// expect-error: <regex>' line")
+  endif()
+  string(REGEX REPLACE "^// expect-error: " "" regex "${expect}")
+
+  add_library(loom_cf_${name}_twin OBJECT "${file}")
+  target_link_libraries(loom_cf_${name}_twin PRIVATE loom::loom loom_warnings)
+
+  add_library(loom_cf_${name} OBJECT EXCLUDE_FROM_ALL "${file}")
+  target_link_libraries(loom_cf_${name} PRIVATE loom::loom)
+  target_compile_definitions(loom_cf_${name} PRIVATE LOOM_FAIL)
+  add_test(NAME compile_fail.${name}
+           COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target loom_cf_${name})
+  set_tests_properties(compile_fail.${name} PROPERTIES
+    PASS_REGULAR_EXPRESSION "${regex}"
+    LABELS compile_fail
+    RESOURCE_LOCK loom_build_tree)
+endfunction()
+
+# loom_add_header_tests(<target> <include-dir>)
+#   One translation unit per header under <include-dir>/loom (detail/ too), each including
+#   its header alone, all linked into one executable: each header compiles by itself, and
+#   no header defines a non-inline symbol twice.
+function(loom_add_header_tests target include_dir)
+  file(GLOB_RECURSE headers RELATIVE "${include_dir}" CONFIGURE_DEPENDS "${include_dir}/loom/*.hpp")
+  set(sources)
+  foreach(h IN LISTS headers)
+    string(MAKE_C_IDENTIFIER "${h}" id)
+    set(src "${CMAKE_CURRENT_BINARY_DIR}/headers/${id}.cpp")
+    file(CONFIGURE OUTPUT "${src}" CONTENT "#include <${h}>\n#include <${h}>\n")
+    list(APPEND sources "${src}")
+  endforeach()
+  set(main "${CMAKE_CURRENT_BINARY_DIR}/headers/main.cpp")
+  file(CONFIGURE OUTPUT "${main}" CONTENT "int main() { return 0; }\n")
+  add_executable(${target} ${sources} "${main}")
+  target_link_libraries(${target} PRIVATE loom::loom loom_warnings)
+  add_test(NAME headers.compile_alone COMMAND ${target})
+  set_tests_properties(headers.compile_alone PROPERTIES LABELS headers)
+endfunction()

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs what loom needs and is missing; safe to run again (each step checks first).
+#   OS packages: cmake, ninja, g++, ccache, Catch2 2.x, Boost 1.81 (Hana), Google Benchmark,
+#                Fashion-MNIST (for the quick-start example).
+#   Python:      a virtual environment with the pinned torch wheel, outside the repository,
+#                at $LOOM_VENV (default $LOOM_HOME/torch-<version>, LOOM_HOME=$HOME/.cache/loom).
+# Prints the virtual environment's path on its last line.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+LOOM_HOME=${LOOM_HOME:-$HOME/.cache/loom}
+LOOM_VENV=${LOOM_VENV:-$LOOM_HOME/torch-$LOOM_TORCH_VERSION}
+
+log() { echo "[loom deps] $*" >&2; }
+
+os_packages=(cmake ninja-build g++ ccache gzip python3-venv catch2 libboost1.81-dev libbenchmark-dev
+             dataset-fashion-mnist)
+missing=()
+for p in "${os_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# python3-venv only matters when the python3 on PATH is Debian's own.
+if [ ${#missing[@]} -gt 0 ] && [ "$(printf '%s\n' "${missing[@]}")" = python3-venv ] \
+   && python3 -c 'import venv, ensurepip' 2>/dev/null; then
+  missing=()
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing OS packages: ${missing[*]}"
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  log "OS packages present"
+fi
+
+want="$LOOM_TORCH_VERSION"
+have=$("$LOOM_VENV/bin/python" -c 'import torch, sys; sys.stdout.write(torch.__version__.split("+")[0])' \
+         2>/dev/null || true)
+if [ "$have" != "$want" ]; then
+  log "installing torch==$want into $LOOM_VENV (about 5 GiB with its CUDA libraries)"
+  mkdir -p "$(dirname "$LOOM_VENV")"
+  [ -x "$LOOM_VENV/bin/python" ] || python3 -m venv "$LOOM_VENV"
+  "$LOOM_VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==$want" numpy
+else
+  log "torch $have present in $LOOM_VENV"
+fi
+echo "$LOOM_VENV"

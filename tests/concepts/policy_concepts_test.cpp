@@ -1,0 +1,122 @@
+// The concepts accept the shipped policies and the minimal archetypes, and reject a policy
+// that lacks any single row of their requirement tables.
+#include <type_traits>
+#include <utility>
+
+#include "support/catch.hpp"
+
+#include <loom/loom.hpp>
+
+#include "support/archetypes.hpp"
+#include "support/recording.hpp"
+
+using namespace loom;
+using loom::testing::DeviceArchetype;
+using loom::testing::PrecisionArchetype;
+
+namespace {
+
+struct CopyableGuard {};
+struct ThrowingGuard {
+  ThrowingGuard(const ThrowingGuard&) = delete;
+  ~ThrowingGuard() noexcept(false) {}
+};
+
+template <int... K>
+constexpr bool precision_rows_all_required(std::integer_sequence<int, K...>) {
+  return (!PrecisionPolicy<PrecisionArchetype<K>> && ...);
+}
+template <int... K>
+constexpr bool device_rows_all_required(std::integer_sequence<int, K...>) {
+  return (!DevicePolicy<DeviceArchetype<K>> && ...);
+}
+
+struct BadBackend : device::Defaults<BadBackend> {
+  static constexpr c10::DeviceType device_type() { return c10::kCPU; }
+  static constexpr std::string_view name() { return "bad"; }
+  static constexpr std::string_view ddp_backend() { return "tcp"; }
+};
+struct RuntimeNamedDevice : device::Defaults<RuntimeNamedDevice> {
+  static constexpr c10::DeviceType device_type() { return c10::kCPU; }
+  static std::string_view name() { return "not constant"; }  // not constexpr
+  static constexpr std::string_view ddp_backend() { return "gloo"; }
+};
+struct WrongReturn : precision::Defaults {
+  static constexpr std::string_view precision() { return "wrong"; }
+  void convert_input(const at::Tensor&) const {}  // must return a tensor
+};
+struct CopyableContext : precision::Defaults {
+  static constexpr std::string_view precision() { return "copyable"; }
+  CopyableGuard forward_context(c10::DeviceType) const { return {}; }
+};
+
+}  // namespace
+
+TEST_CASE("ScopeGuard accepts non-copyable RAII scopes only", "[concepts][scope_guard]") {
+  STATIC_REQUIRE(ScopeGuard<NullGuard>);
+  STATIC_REQUIRE(ScopeGuard<DefaultDtypeGuard<c10::kDouble>>);
+  STATIC_REQUIRE(ScopeGuard<loom::testing::RecordingGuard>);
+  STATIC_REQUIRE_FALSE(ScopeGuard<CopyableGuard>);
+  STATIC_REQUIRE_FALSE(ScopeGuard<ThrowingGuard>);
+  STATIC_REQUIRE_FALSE(ScopeGuard<int>);
+  STATIC_REQUIRE_FALSE(ScopeGuard<NullGuard&>);
+}
+
+TEST_CASE("PrecisionPolicy accepts shipped, minimal and custom policies", "[concepts][precision]") {
+  STATIC_REQUIRE(PrecisionPolicy<Fp32>);
+  STATIC_REQUIRE(PrecisionPolicy<PrecisionArchetype<-1>>);
+  STATIC_REQUIRE(PrecisionPolicy<loom::testing::RecordingPrecision>);
+  STATIC_REQUIRE(Fp32::precision() == "32-true");
+}
+
+TEST_CASE("PrecisionPolicy rejects a policy that lacks any one row", "[concepts][precision]") {
+  STATIC_REQUIRE(precision_rows_all_required(
+      std::make_integer_sequence<int, loom::testing::p_rows>{}));
+  // Each row's own check is the one that fails.
+  STATIC_REQUIRE_FALSE(loom::detail::precision_has_convert_module<PrecisionArchetype<testing::p_convert_module>>);
+  STATIC_REQUIRE(loom::detail::precision_has_convert_input<PrecisionArchetype<testing::p_convert_module>>);
+  STATIC_REQUIRE_FALSE(loom::detail::precision_has_optimizer_step<PrecisionArchetype<testing::p_optimizer_step>>);
+  STATIC_REQUIRE_FALSE(loom::detail::precision_has_state_dict<PrecisionArchetype<testing::p_state_dict>>);
+  STATIC_REQUIRE_FALSE(PrecisionPolicy<WrongReturn>);
+  STATIC_REQUIRE_FALSE(PrecisionPolicy<CopyableContext>);
+  STATIC_REQUIRE_FALSE(PrecisionPolicy<c10::Half>);
+  STATIC_REQUIRE_FALSE(PrecisionPolicy<Cpu>);
+}
+
+TEST_CASE("DevicePolicy accepts shipped, minimal and custom policies", "[concepts][device]") {
+  STATIC_REQUIRE(DevicePolicy<Cpu>);
+  STATIC_REQUIRE(DevicePolicy<DeviceArchetype<-1>>);
+  STATIC_REQUIRE(DevicePolicy<loom::testing::RecordingDevice>);
+  STATIC_REQUIRE(Cpu::ddp_backend() == "gloo");
+  STATIC_REQUIRE(Cpu::device_type() == c10::kCPU);
+  STATIC_REQUIRE(Cpu::name() == "cpu");
+}
+
+TEST_CASE("DevicePolicy rejects a policy that lacks any one row", "[concepts][device]") {
+  STATIC_REQUIRE(device_rows_all_required(std::make_integer_sequence<int, loom::testing::d_rows>{}));
+  STATIC_REQUIRE_FALSE(DevicePolicy<BadBackend>);
+  STATIC_REQUIRE_FALSE(loom::detail::device_has_ddp_backend<BadBackend>);
+  STATIC_REQUIRE_FALSE(DevicePolicy<RuntimeNamedDevice>);
+  STATIC_REQUIRE_FALSE(DevicePolicy<c10::Device>);
+  STATIC_REQUIRE_FALSE(DevicePolicy<Fp32>);
+}
+
+TEST_CASE("A runtime of two empty policies is an empty class", "[concepts][runtime]") {
+  STATIC_REQUIRE(std::is_empty_v<Cpu>);
+  STATIC_REQUIRE(std::is_empty_v<Fp32>);
+  STATIC_REQUIRE(std::is_empty_v<Runtime<Cpu, Fp32>>);
+  STATIC_REQUIRE(sizeof(Runtime<Cpu, Fp32>) == 1);
+  STATIC_REQUIRE(Runtime<Cpu, Fp32>::precision_name() == "32-true");
+  // A runtime of the minimal archetypes instantiates too.
+  STATIC_REQUIRE(sizeof(Runtime<DeviceArchetype<-1>, PrecisionArchetype<-1>>) > 0);
+}
+
+TEST_CASE("Batch accepts nested supported types only", "[concepts][batch]") {
+  STATIC_REQUIRE(Batch<at::Tensor>);
+  STATIC_REQUIRE(Batch<std::tuple<at::Tensor, std::vector<std::string>, int>>);
+  STATIC_REQUIRE(Batch<std::map<std::string, std::optional<at::Tensor>>>);
+  STATIC_REQUIRE(Batch<torch::data::Example<>>);
+  STATIC_REQUIRE_FALSE(Batch<CopyableGuard>);
+  STATIC_REQUIRE_FALSE(Batch<std::vector<CopyableGuard>>);
+  STATIC_REQUIRE_FALSE(Batch<std::tuple<at::Tensor, std::map<std::string, CopyableGuard>>>);
+}
