@@ -9,7 +9,8 @@
 //   5  out = batch::map(out, p.convert_output)      back to default dtype   precision/
 //   6  l = p.pre_backward(loss, module)             loss scaling            precision/
 //   7  p.backward(l, module); p.post_backward(l, module)
-//   8  applied = p.optimizer_step(opt)              may skip on inf/nan     precision/
+//      [clip: p.clip_gradients(opt, ...)            unscales first           precision/, amp/]
+//   8  applied = p.optimizer_step(opt)              may skip on inf/nan     precision/, amp/
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -24,6 +25,7 @@
 #include <loom/concepts/precision_policy.hpp>
 #include <loom/detail/diagnostics.hpp>
 #include <loom/error.hpp>
+#include <loom/precision/defaults.hpp>
 #include <loom/state_dict.hpp>
 
 namespace loom {
@@ -141,7 +143,7 @@ class Runtime {
   /// convert_input on every argument, the call inside forward_context, convert_output after
   /// the scope has closed.
   template <class M, class... Args>
-  auto forward(M& module, const Args&... args) {
+  auto forward(M&& module, const Args&... args) {
     auto out = [&] {
       auto inputs = std::make_tuple(convert_input(args)...);
       [[maybe_unused]] auto guard = forward_context();
@@ -162,6 +164,24 @@ class Runtime {
   /// The precision's optimizer step; false when it was skipped (non-finite gradients).
   bool optimizer_step(torch::optim::Optimizer& optimizer) {
     return precision_.optimizer_step(optimizer);
+  }
+
+  /// Undoes loss scaling on the optimizer's gradients (16-mixed), so they can be inspected or
+  /// clipped; does nothing for precisions without a scaler. Idempotent until the next step.
+  void unscale_gradients(torch::optim::Optimizer& optimizer) {
+    precision_.unscale_gradients(optimizer);
+  }
+
+  /// Clips the total gradient norm of the optimizer's parameters to `max_norm` (nothing if
+  /// max_norm <= 0) and returns the norm before clipping; unscales first under 16-mixed.
+  double clip_gradients(torch::optim::Optimizer& optimizer, double max_norm, double norm_type = 2.0) {
+    return precision_.clip_gradients(optimizer, max_norm, precision::ClipAlgorithm::norm, norm_type);
+  }
+
+  /// Clips every gradient element of the optimizer's parameters to [-value, value] (nothing
+  /// if value <= 0); unscales first under 16-mixed.
+  void clip_gradients_by_value(torch::optim::Optimizer& optimizer, double value) {
+    precision_.clip_gradients(optimizer, value, precision::ClipAlgorithm::value, 0.0);
   }
 
   /// The device's view of a batch source: batches moved, then passed through `fn`.

@@ -20,6 +20,10 @@ struct Custom {
   bool optimizer_step(torch::optim::Optimizer&) { return true; }
 #endif
   std::vector<at::Tensor> main_params(torch::optim::Optimizer&) { return {}; }
+  void unscale_gradients(torch::optim::Optimizer&) {}
+  double clip_gradients(torch::optim::Optimizer&, double, loom::precision::ClipAlgorithm, double) {
+    return 0.0;
+  }
 #if !defined(LOOM_FAIL) || 1
   loom::StateDict state_dict() const { return {}; }
 #endif

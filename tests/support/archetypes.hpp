@@ -12,6 +12,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <loom/guards.hpp>
+#include <loom/precision/defaults.hpp>
 #include <loom/state_dict.hpp>
 
 namespace loom::testing {
@@ -19,7 +20,7 @@ namespace loom::testing {
 enum PrecisionRow {
   p_name, p_forward_context, p_tensor_init_context, p_module_init_context, p_convert_module,
   p_convert_input, p_convert_output, p_pre_backward, p_backward, p_post_backward,
-  p_optimizer_step, p_main_params, p_state_dict, p_load_state_dict, p_teardown, p_rows
+  p_optimizer_step, p_main_params, p_unscale_gradients, p_clip_gradients, p_state_dict, p_load_state_dict, p_teardown, p_rows
 };
 
 template <int Missing>
@@ -45,6 +46,10 @@ struct PrecisionArchetype {
   }
   std::vector<at::Tensor> main_params(torch::optim::Optimizer&) requires(Missing != p_main_params)
   { return {}; }
+  void unscale_gradients(torch::optim::Optimizer&) requires(Missing != p_unscale_gradients) {}
+  double clip_gradients(torch::optim::Optimizer&, double, precision::ClipAlgorithm, double)
+    requires(Missing != p_clip_gradients)
+  { return 0.0; }
   StateDict state_dict() const requires(Missing != p_state_dict) { return {}; }
   void load_state_dict(const StateDict&) requires(Missing != p_load_state_dict) {}
   void teardown() requires(Missing != p_teardown) {}

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/GradMode.h>
 
 #include <loom/batch/walk.hpp>
 
@@ -22,7 +23,8 @@ struct NoPrefetch {
   }
 };
 
-/// Yields `fn(batch::map(b, move))` for every batch b of `source`, in order, inline.
+/// Yields `fn(batch::map(b, move))` for every batch b of `source`, in order, inline on the
+/// iterating thread, with grad mode off while `fn` runs. data/prefetch.hpp has the threaded twin.
 ///
 /// Source is any range whose iterators dereference to a batch (`torch::data` loaders included:
 /// pass `*loader`). The view holds a reference: the source must outlive it.
@@ -49,7 +51,10 @@ class DeviceLoader {
     iterator(DeviceLoader* owner, source_iterator it) : owner_(owner), it_(std::move(it)) {}
 
     value_type& operator*() const {
-      if (!current_) current_.emplace(owner_->fn_(batch::map(*it_, owner_->move_)));
+      if (!current_) {
+        c10::AutoGradMode no_grad(false);  // as on PrefetchLoader's producer thread
+        current_.emplace(owner_->fn_(batch::map(*it_, owner_->move_)));
+      }
       return *current_;
     }
     iterator& operator++() {

@@ -40,6 +40,11 @@ struct precision_diagnostics {
                      "`bool optimizer_step(torch::optim::Optimizer&)`");
   LOOM_PRECISION_ROW(precision_has_main_params<P>,
                      "`std::vector<torch::Tensor> main_params(torch::optim::Optimizer&)`");
+  LOOM_PRECISION_ROW(precision_has_unscale_gradients<P>,
+                     "`void unscale_gradients(torch::optim::Optimizer&)`");
+  LOOM_PRECISION_ROW(precision_has_clip_gradients<P>,
+                     "`double clip_gradients(torch::optim::Optimizer&, double, "
+                     "loom::precision::ClipAlgorithm, double)`");
   LOOM_PRECISION_ROW(precision_has_state_dict<P>, "`loom::StateDict state_dict() const`");
   LOOM_PRECISION_ROW(precision_has_load_state_dict<P>,
                      "`void load_state_dict(const loom::StateDict&)`");

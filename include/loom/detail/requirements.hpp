@@ -21,6 +21,9 @@ class Module;
 namespace torch::optim {
 class Optimizer;
 }
+namespace loom::precision {
+enum class ClipAlgorithm;
+}
 
 namespace loom::detail {
 
@@ -75,6 +78,15 @@ template <class P>
 concept precision_has_main_params = requires(P& p, torch::optim::Optimizer& o) {
   { p.main_params(o) } -> std::same_as<std::vector<at::Tensor>>;
 };
+template <class P>
+concept precision_has_unscale_gradients = requires(P& p, torch::optim::Optimizer& o) {
+  { p.unscale_gradients(o) } -> std::same_as<void>;
+};
+template <class P>
+concept precision_has_clip_gradients =
+    requires(P& p, torch::optim::Optimizer& o, double v, precision::ClipAlgorithm a) {
+      { p.clip_gradients(o, v, a, v) } -> std::same_as<double>;
+    };
 template <class P>
 concept precision_has_state_dict = requires(const P& p) {
   { p.state_dict() } -> std::same_as<StateDict>;

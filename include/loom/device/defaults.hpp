@@ -8,6 +8,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <loom/data/device_loader.hpp>
+#include <loom/data/prefetch.hpp>
 #include <loom/device/optimizer_state.hpp>
 #include <loom/error.hpp>
 #include <loom/state_dict.hpp>
@@ -42,11 +43,22 @@ struct Defaults {
     return move_optimizer_state(optimizer, self().device());
   }
 
-  /// A view of `source` whose batches arrive on this device, then pass through `fn`.
+  /// A view of `source` whose batches arrive on this device, then pass through `fn`, inline
+  /// on the iterating thread (grad mode off while `fn` runs).
   template <class Source, class Fn = data::NoPrefetch>
   auto dataloader_to_device(Source& source, Fn fn = {}) const {
     auto move = [self = self()](const at::Tensor& t) { return self.tensor_to_device(t); };
     return data::DeviceLoader<Source, decltype(move), Fn>(source, std::move(move), std::move(fn));
+  }
+
+  /// The same batches, made by a producer thread `prefetch.depth` batches ahead
+  /// (data/prefetch.hpp): the source, the move and `fn` run there, with grad mode off.
+  template <class Source, class Fn>
+  auto dataloader_to_device(Source& source, Fn fn, data::Prefetch prefetch) const {
+    auto move = [self = self()](const at::Tensor& t) { return self.tensor_to_device(t); };
+    using Stage = data::HostStage<decltype(move)>;
+    return data::PrefetchLoader<Source, Stage, Fn>(source, Stage(std::move(move)), std::move(fn),
+                                                   prefetch);
   }
 
   /// The precision policy's forward scope, bound to this device's type.

@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceType.h>
 #include <torch/nn/module.h>
+#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/optimizer.h>
 
 #include <loom/error.hpp>
@@ -11,6 +12,9 @@
 #include <loom/state_dict.hpp>
 
 namespace loom::precision {
+
+/// How clip_gradients limits gradients: each element to [-v, v], or the total norm to v.
+enum class ClipAlgorithm { value, norm };
 
 /// The fp32 behaviour of every PrecisionPolicy member except the name. Empty and non-virtual.
 ///
@@ -42,6 +46,23 @@ struct Defaults {
       for (auto& p : group.params()) params.push_back(p);
     }
     return params;
+  }
+
+  /// Makes the gradients true gradients (undoes loss scaling); nothing to undo here.
+  void unscale_gradients(torch::optim::Optimizer&) {}
+
+  /// Clips the gradients of main_params(o); `value <= 0` clips nothing. Returns the total
+  /// norm before clipping for ClipAlgorithm::norm, 0 otherwise.
+  double clip_gradients(torch::optim::Optimizer& optimizer, double value, ClipAlgorithm algorithm,
+                        double norm_type = 2.0) {
+    if (value <= 0) return 0.0;
+    auto params = main_params(optimizer);
+    if (algorithm == ClipAlgorithm::value) {
+      torch::nn::utils::clip_grad_value_(params, value);
+      return 0.0;
+    }
+    return torch::nn::utils::clip_grad_norm_(params, value, norm_type,
+                                             /*error_if_nonfinite=*/false);
   }
 
   StateDict state_dict() const { return {}; }

@@ -1,0 +1,418 @@
+#pragma once
+// loom::amp::GradScaler: dynamic loss scaling, a port of torch/amp/grad_scaler.py
+// (precision.md §4). LibTorch has no GradScaler (pt#44710), so the scaler is built here on the
+// two ATen AMP ops (libtorch.md §4):
+//
+//   scale(loss)   loss * scale                                  scale: f32 0-dim, lazily made
+//   unscale_(o)   grads *= 1/scale, found_inf per device        _amp_foreach_non_finite_check_
+//                                                               and_unscale_, per (device, dtype)
+//   step(o)       o.step() only if no inf/nan was found         one host sync (found_inf.item)
+//   update()      scale *= backoff on inf, *= growth after      _amp_update_scale_, in place
+//                 growth_interval clean steps
+//
+// Per-optimizer state (stage, found_inf per device) is keyed by the optimizer's address and
+// cleared by update(), as in torch.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/_amp_update_scale.h>
+#include <ATen/ops/full.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <c10/core/TensorOptions.h>
+#include <torch/optim/optimizer.h>
+
+#include <loom/error.hpp>
+#include <loom/state_dict.hpp>
+
+namespace loom::amp {
+
+/// The settings of a GradScaler, with torch.amp.GradScaler's defaults.
+///
+/// Requirements (checked by the GradScaler constructor and by load_state_dict):
+/// growth_factor > 1, 0 < backoff_factor < 1, growth_interval >= 1.
+struct GradScalerOptions {
+  double init_scale = 65536.0;     ///< the scale before the first update
+  double growth_factor = 2.0;      ///< scale multiplier after growth_interval clean steps
+  double backoff_factor = 0.5;     ///< scale multiplier after a step with inf/nan gradients
+  int64_t growth_interval = 2000;  ///< clean steps in a row before the scale grows
+  bool enabled = true;             ///< false: scale() is identity and step() a plain step
+};
+
+/// A dynamic loss scaler for fp16 mixed precision: the C++ port of torch.amp.GradScaler.
+///
+///   loom::amp::GradScaler scaler;                 // 65536, x2 every 2000 clean steps, x0.5 on inf
+///   scaler.scale(loss).backward();                // grads = scale x true grads
+///   scaler.unscale_(optimizer);                   // optional: true grads, e.g. for clipping
+///   bool applied = scaler.step(optimizer);        // skipped (false) if any grad is inf/nan
+///   scaler.update();                              // once per iteration, after every step
+///
+/// The scale lives in a tensor on the loss's device, so only step() (and get_scale(),
+/// get_growth_tracker(), state_dict() once the tensors exist) wait for the device. A copy is
+/// deep: it owns its own scale tensors. Divergences from torch: options are validated even
+/// when disabled and again on load; load_state_dict rejects missing and unknown keys; the
+/// errors are loom::Error. Page: docs/amp.md
+class GradScaler {
+ public:
+  /// Where an optimizer is in the current iteration; update() sends every optimizer back to
+  /// `ready`.
+  enum class Stage { ready, unscaled, stepped };
+
+  /// A scaler with these options; throws loom::Error if they break the requirements.
+  explicit GradScaler(GradScalerOptions options = {}) : options_(options) {
+    validate(options_, "GradScaler");
+  }
+
+  GradScaler(const GradScaler& other)
+      : options_(other.options_),
+        init_growth_tracker_(other.init_growth_tracker_),
+        scale_(clone(other.scale_)),
+        growth_tracker_(clone(other.growth_tracker_)),
+        per_optimizer_(other.per_optimizer_) {
+    for (auto& entry : per_optimizer_) {
+      for (auto& found : entry.second.found_inf) found.second = clone(found.second);
+    }
+  }
+  GradScaler& operator=(const GradScaler& other) {
+    if (this != &other) *this = GradScaler(other);
+    return *this;
+  }
+  GradScaler(GradScaler&&) noexcept = default;
+  GradScaler& operator=(GradScaler&&) noexcept = default;
+  ~GradScaler() = default;
+
+  /// `outputs * scale`; the first call creates the scale (f32) and growth tracker (i32),
+  /// both 0-dim, on `outputs`' device. Returns `outputs` itself when disabled.
+  at::Tensor scale(const at::Tensor& outputs) {
+    if (!options_.enabled) return outputs;
+    if (!outputs.defined()) throw Error("loom::amp::GradScaler::scale: the tensor is undefined");
+    if (!scale_.defined()) lazy_init(outputs.device());
+    return outputs.mul(scale_.to(outputs.device(), c10::kFloat, /*non_blocking=*/true));
+  }
+
+  /// Each tensor times the scale; the scale is copied once per device. The first tensor's
+  /// device receives the scale if none exists yet.
+  std::vector<at::Tensor> scale(const std::vector<at::Tensor>& outputs) {
+    if (!options_.enabled) return outputs;
+    std::vector<std::pair<c10::Device, at::Tensor>> per_device;
+    std::vector<at::Tensor> scaled;
+    scaled.reserve(outputs.size());
+    for (const auto& t : outputs) {
+      if (!t.defined()) throw Error("loom::amp::GradScaler::scale: a tensor is undefined");
+      if (!scale_.defined()) lazy_init(t.device());
+      scaled.push_back(t.mul(replica(per_device, scale_, t.device())));
+    }
+    return scaled;
+  }
+
+  /// Divides the optimizer's gradients by the scale in place and records, per device,
+  /// whether any was inf or nan. At most once per optimizer between two update()s, and not
+  /// after step(); step() calls it itself when it has not run. No host sync.
+  void unscale_(torch::optim::Optimizer& optimizer) {
+    if (!options_.enabled) return;
+    require_scale("unscale_");
+    auto& state = state_of(optimizer);
+    if (state.stage == Stage::unscaled) {
+      throw Error("loom::amp::GradScaler::unscale_: unscale_() has already been called on this "
+                  "optimizer since the last update().");
+    }
+    if (state.stage == Stage::stepped) {
+      throw Error("loom::amp::GradScaler::unscale_: unscale_() is being called after step().");
+    }
+    // The reciprocal in f64, as torch does: f32 division can be imprecise under some flags.
+    auto inv_scale = scale_.to(c10::kDouble).reciprocal().to(c10::kFloat);  // () f32
+    state.found_inf = unscale_grads(optimizer, inv_scale);
+    state.stage = Stage::unscaled;
+  }
+
+  /// Unscales (unless unscale_ already ran) and runs `optimizer.step()` only if no gradient
+  /// was inf or nan. Returns whether the step was applied; a disabled scaler always steps.
+  bool step(torch::optim::Optimizer& optimizer) {
+    if (!options_.enabled) {
+      optimizer.step();
+      return true;
+    }
+    require_scale("step");
+    if (state_of(optimizer).stage == Stage::stepped) {
+      throw Error("loom::amp::GradScaler::step: step() has already been called since the last "
+                  "update().");
+    }
+    if (state_of(optimizer).stage == Stage::ready) unscale_(optimizer);
+    auto& state = state_of(optimizer);  // unscale_ may have added entries; look up again
+    if (state.found_inf.empty()) {
+      throw Error("loom::amp::GradScaler::step: No inf checks were recorded for this optimizer.");
+    }
+    double found = 0.0;
+    for (const auto& entry : state.found_inf) found += entry.second.item<float>();  // host sync
+    const bool applied = found == 0.0;
+    if (applied) optimizer.step();
+    state_of(optimizer).stage = Stage::stepped;
+    return applied;
+  }
+
+  /// With a closure: a plain `optimizer.step(closure)` when disabled; an error when enabled,
+  /// as in torch (the closure would recompute unscaled gradients).
+  bool step(torch::optim::Optimizer& optimizer, torch::optim::Optimizer::LossClosure closure) {
+    if (options_.enabled) {
+      throw Error("loom::amp::GradScaler::step: Closure use is not currently supported if "
+                  "GradScaler is enabled.");
+    }
+    optimizer.step(std::move(closure));
+    return true;
+  }
+
+  /// Updates the scale from every inf check since the last update (all optimizers together):
+  /// x backoff_factor if any found inf/nan, x growth_factor after growth_interval clean
+  /// updates in a row (only if the result stays finite). Then every optimizer is `ready`.
+  void update() {
+    if (!options_.enabled) return;
+    require_scale("update");
+    std::vector<at::Tensor> found_infs;
+    for (const auto& entry : per_optimizer_) {
+      for (const auto& found : entry.second.found_inf) {
+        found_infs.push_back(found.second.to(scale_.device(), c10::kFloat, /*non_blocking=*/true));
+      }
+    }
+    if (found_infs.empty()) {
+      throw Error("loom::amp::GradScaler::update: No inf checks were recorded prior to update.");
+    }
+    auto combined = found_infs.front().clone();  // () f32
+    for (std::size_t i = 1; i < found_infs.size(); ++i) combined.add_(found_infs[i]);
+    at::_amp_update_scale_(scale_, growth_tracker_, combined, options_.growth_factor,
+                           options_.backoff_factor, options_.growth_interval);
+    per_optimizer_.clear();
+  }
+
+  /// Sets the scale to `new_scale` (the tracker is kept) and sends every optimizer back to
+  /// `ready`. Like torch, it needs the scale tensor: call scale() first.
+  void update(double new_scale) {
+    if (!options_.enabled) return;
+    require_scale("update");
+    scale_.fill_(new_scale);
+    per_optimizer_.clear();
+  }
+
+  /// The current scale: init_scale before the first scale() (no tensor, no sync), then a
+  /// host read of the scale tensor; 1.0 when disabled.
+  double get_scale() const {
+    if (!options_.enabled) return 1.0;
+    return scale_.defined() ? static_cast<double>(scale_.item<float>()) : options_.init_scale;
+  }
+
+  /// The number of clean updates in a row since the scale last changed; 0 when disabled.
+  int64_t get_growth_tracker() const {
+    if (!options_.enabled) return 0;
+    return growth_tracker_.defined() ? static_cast<int64_t>(growth_tracker_.item<int32_t>())
+                                     : init_growth_tracker_;
+  }
+
+  /// Whether the scale tensor exists, i.e. scale() has run on an enabled scaler.
+  bool has_scale_tensor() const { return scale_.defined(); }
+
+  /// The device of the scale tensor, once it exists.
+  std::optional<c10::Device> scale_device() const {
+    if (!scale_.defined()) return std::nullopt;
+    return scale_.device();
+  }
+
+  /// Whether scaling is on.
+  bool is_enabled() const { return options_.enabled; }
+
+  /// Where `optimizer` is in this iteration; `ready` for an optimizer the scaler never saw.
+  Stage stage(const torch::optim::Optimizer& optimizer) const {
+    for (const auto& entry : per_optimizer_) {
+      if (entry.first == &optimizer) return entry.second.stage;
+    }
+    return Stage::ready;
+  }
+
+  /// The options in force: the constructor's, with the values of the last load_state_dict.
+  const GradScalerOptions& options() const { return options_; }
+
+  /// The checkpointable state, as torch's: `scale` (double), `growth_factor` (double),
+  /// `backoff_factor` (double), `growth_interval` (int64), `_growth_tracker` (int64);
+  /// `{}` when disabled. Take it after update() to checkpoint an iteration's end.
+  StateDict state_dict() const {
+    if (!options_.enabled) return {};
+    return {{"scale", c10::IValue(get_scale())},
+            {"growth_factor", c10::IValue(options_.growth_factor)},
+            {"backoff_factor", c10::IValue(options_.backoff_factor)},
+            {"growth_interval", c10::IValue(options_.growth_interval)},
+            {"_growth_tracker", c10::IValue(get_growth_tracker())}};
+  }
+
+  /// Restores a state_dict(); before the first scale() the values become the initial ones,
+  /// afterwards they fill the live tensors. A no-op when disabled. Throws loom::Error on an
+  /// empty state, a missing or unknown key, a wrong type or options that break the rules.
+  void load_state_dict(const StateDict& state) {
+    if (!options_.enabled) return;
+    if (state.empty()) {
+      throw Error("loom::amp::GradScaler::load_state_dict: The source state dict is empty, "
+                  "possibly because it was saved from a disabled instance of GradScaler.");
+    }
+    for (const auto& entry : state) {
+      if (entry.first != "scale" && entry.first != "growth_factor" &&
+          entry.first != "backoff_factor" && entry.first != "growth_interval" &&
+          entry.first != "_growth_tracker") {
+        throw Error("loom::amp::GradScaler::load_state_dict: unexpected key \"" + entry.first +
+                    "\"");
+      }
+    }
+    GradScalerOptions loaded = options_;
+    loaded.init_scale = number(state, "scale");
+    loaded.growth_factor = number(state, "growth_factor");
+    loaded.backoff_factor = number(state, "backoff_factor");
+    loaded.growth_interval = integer(state, "growth_interval");
+    const int64_t tracker = integer(state, "_growth_tracker");
+    validate(loaded, "load_state_dict");
+    options_ = loaded;
+    init_growth_tracker_ = tracker;
+    if (scale_.defined()) scale_.fill_(options_.init_scale);
+    if (growth_tracker_.defined()) growth_tracker_.fill_(tracker);
+  }
+
+ private:
+  struct OptimizerState {
+    Stage stage = Stage::ready;
+    std::vector<std::pair<c10::Device, at::Tensor>> found_inf;  // per device: () f32, 0 or >0
+  };
+
+  static void validate(const GradScalerOptions& o, const char* where) {
+    const std::string prefix = std::string("loom::amp::GradScaler::") + where + ": ";
+    if (!(o.growth_factor > 1.0)) {
+      throw Error(prefix + "growth_factor must be > 1, got " + std::to_string(o.growth_factor));
+    }
+    if (!(o.backoff_factor > 0.0 && o.backoff_factor < 1.0)) {
+      throw Error(prefix + "backoff_factor must be in (0, 1), got " +
+                  std::to_string(o.backoff_factor));
+    }
+    if (o.growth_interval < 1) {
+      throw Error(prefix + "growth_interval must be >= 1, got " +
+                  std::to_string(o.growth_interval));
+    }
+  }
+
+  static double number(const StateDict& state, const std::string& key) {
+    const auto& v = at(state, key);
+    if (v.isDouble()) return v.toDouble();
+    if (v.isInt()) return static_cast<double>(v.toInt());
+    throw Error("loom::amp::GradScaler::load_state_dict: \"" + key + "\" must be a number, got " +
+                v.tagKind());
+  }
+
+  static int64_t integer(const StateDict& state, const std::string& key) {
+    const auto& v = at(state, key);
+    if (v.isInt()) return v.toInt();
+    throw Error("loom::amp::GradScaler::load_state_dict: \"" + key +
+                "\" must be an integer, got " + v.tagKind());
+  }
+
+  static const c10::IValue& at(const StateDict& state, const std::string& key) {
+    auto it = state.find(key);
+    if (it == state.end()) {
+      throw Error("loom::amp::GradScaler::load_state_dict: the state has no \"" + key +
+                  "\" entry");
+    }
+    return it->second;
+  }
+
+  static at::Tensor clone(const at::Tensor& t) { return t.defined() ? t.clone() : t; }
+
+  // The copy of `master` on `device`, made on first request (torch's _MultiDeviceReplicator).
+  static const at::Tensor& replica(std::vector<std::pair<c10::Device, at::Tensor>>& cache,
+                                   const at::Tensor& master, const c10::Device& device) {
+    for (const auto& entry : cache) {
+      if (entry.first == device) return entry.second;
+    }
+    cache.emplace_back(device, master.to(device, master.scalar_type(), /*non_blocking=*/true,
+                                         /*copy=*/true));
+    return cache.back().second;
+  }
+
+  void lazy_init(const c10::Device& device) {
+    scale_ = at::full({}, options_.init_scale,
+                      at::TensorOptions().dtype(c10::kFloat).device(device));  // () f32
+    growth_tracker_ = at::full({}, init_growth_tracker_,
+                               at::TensorOptions().dtype(c10::kInt).device(device));  // () i32
+  }
+
+  void require_scale(const char* where) const {
+    if (!scale_.defined()) {
+      throw Error(std::string("loom::amp::GradScaler::") + where + ": Attempted " + where +
+                  " before any scale(). This may indicate your script did not use "
+                  "scaler.scale(loss or outputs) earlier in the iteration.");
+    }
+  }
+
+  OptimizerState& state_of(const torch::optim::Optimizer& optimizer) {
+    for (auto& entry : per_optimizer_) {
+      if (entry.first == &optimizer) return entry.second;
+    }
+    per_optimizer_.emplace_back(&optimizer, OptimizerState{});
+    return per_optimizer_.back().second;
+  }
+
+  // Checks and unscales every defined gradient, one ATen call per (device, dtype) group, and
+  // returns a fresh found_inf per device. Throws before touching any gradient.
+  std::vector<std::pair<c10::Device, at::Tensor>> unscale_grads(torch::optim::Optimizer& optimizer,
+                                                                const at::Tensor& inv_scale) {
+    struct Group {
+      c10::Device device;
+      c10::ScalarType dtype;
+      std::vector<at::Tensor> grads;
+    };
+    std::vector<Group> groups;  // in first-seen order, like torch's nested defaultdicts
+    for (auto& group : optimizer.param_groups()) {
+      for (auto& param : group.params()) {
+        const at::Tensor& grad = param.grad();
+        if (!grad.defined()) continue;
+        if (grad.scalar_type() == c10::kHalf) {
+          throw Error("loom::amp::GradScaler::unscale_: Attempting to unscale FP16 gradients.");
+        }
+        if (grad.is_sparse()) {
+          throw Error("loom::amp::GradScaler::unscale_: sparse gradients are not supported");
+        }
+        Group* found = nullptr;
+        for (auto& g : groups) {
+          if (g.device == grad.device() && g.dtype == grad.scalar_type()) found = &g;
+        }
+        if (found == nullptr) {
+          groups.push_back(Group{grad.device(), grad.scalar_type(), {}});
+          found = &groups.back();
+        }
+        found->grads.push_back(grad);  // shares the gradient's storage: unscaled in place
+      }
+    }
+    at::NoGradGuard no_grad;
+    std::vector<std::pair<c10::Device, at::Tensor>> found_inf;
+    std::vector<std::pair<c10::Device, at::Tensor>> inv_scales;
+    for (auto& g : groups) {
+      const auto& inv = replica(inv_scales, inv_scale, g.device);  // () f32
+      at::Tensor* flag = nullptr;
+      for (auto& entry : found_inf) {
+        if (entry.first == g.device) flag = &entry.second;
+      }
+      if (flag == nullptr) {
+        auto zero = at::full({}, 0.0, at::TensorOptions().dtype(c10::kFloat).device(g.device));
+        found_inf.emplace_back(g.device, std::move(zero));  // () f32
+        flag = &found_inf.back().second;
+      }
+      at::_amp_foreach_non_finite_check_and_unscale_(g.grads, *flag, inv);
+    }
+    return found_inf;
+  }
+
+  GradScalerOptions options_;
+  int64_t init_growth_tracker_ = 0;
+  at::Tensor scale_;           // () f32, on the first scaled tensor's device
+  at::Tensor growth_tracker_;  // () i32, same device
+  std::vector<std::pair<const torch::optim::Optimizer*, OptimizerState>> per_optimizer_;
+};
+
+}  // namespace loom::amp

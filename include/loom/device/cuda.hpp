@@ -1,0 +1,176 @@
+#pragma once
+#include <charconv>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/core/Device.h>
+#include <c10/core/DeviceType.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+
+#include <loom/data/cuda_prefetch.hpp>
+#include <loom/data/prefetch.hpp>
+#include <loom/device/defaults.hpp>
+#include <loom/error.hpp>
+#include <loom/state_dict.hpp>
+
+namespace loom::device {
+
+/// Whether a Cuda policy sets TensorFloat-32 for float32 matmuls (cuBLAS) and convolutions
+/// (cuDNN). The flags are process-global; Unchanged leaves whatever was set before.
+enum class Tf32 { Unchanged, Enabled, Disabled };
+
+namespace cuda_detail {
+
+/// LOCAL_RANK as a device index: 0 when unset; anything but a whole non-negative number is
+/// an error (torchrun sets it; a typo must not silently pick device 0).
+inline c10::DeviceIndex local_rank(const char* text) {
+  if (text == nullptr) return 0;
+  std::string_view s(text);
+  int value = -1;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (s.empty() || ec != std::errc() || end != s.data() + s.size() || value < 0 ||
+      value > 32767) {
+    throw Error("loom::device::Cuda: LOCAL_RANK is \"" + std::string(s) +
+                "\", not a device index (a whole number >= 0); unset it or pass an index");
+  }
+  return static_cast<c10::DeviceIndex>(value);
+}
+
+}  // namespace cuda_detail
+
+/// One CUDA device: non-blocking copies from pinned memory, the nccl backend, and the
+/// device's RNG as state. Holds its index and its TF32 choice.
+///
+///   loom::Cuda gpu;          // LOCAL_RANK's device, else device 0
+///   loom::Cuda second(1);    // device 1, whatever LOCAL_RANK says
+///   loom::Runtime<loom::Cuda, loom::Fp32> rt(loom::Cuda(0, loom::device::Tf32::Enabled));
+class Cuda : public Defaults<Cuda> {
+ public:
+  static constexpr c10::DeviceType device_type() { return c10::kCUDA; }
+  static constexpr std::string_view name() { return "cuda"; }
+  static constexpr std::string_view ddp_backend() { return "nccl"; }
+
+  /// Device `index` if given (0 included), else LOCAL_RANK, else 0. Throws loom::Error when
+  /// LOCAL_RANK is not a number, CUDA is not usable, or the index is out of range. Sets the
+  /// TF32 flags only when asked to.
+  explicit Cuda(std::optional<c10::DeviceIndex> index = {}, Tf32 tf32 = Tf32::Unchanged)
+      : index_(index ? *index : cuda_detail::local_rank(std::getenv("LOCAL_RANK"))),
+        tf32_(tf32) {
+    const c10::DeviceIndex count = c10::cuda::device_count();
+    if (count <= 0) {
+      throw Error("loom::device::Cuda: CUDA is not available (no CUDA device or driver was "
+                  "found); use loom::Cpu, or select the device with \"auto\"");
+    }
+    if (index_ < 0 || index_ >= count) {
+      throw Error("loom::device::Cuda: device index " + std::to_string(index_) +
+                  " is out of range: this process sees " + std::to_string(count) +
+                  " CUDA device(s)");
+    }
+    if (tf32 != Tf32::Unchanged) {
+      const bool on = tf32 == Tf32::Enabled;
+      at::globalContext().setAllowTF32CuBLAS(on);
+      at::globalContext().setAllowTF32CuDNN(on);
+    }
+  }
+
+  /// True if this process sees at least one CUDA device; never throws.
+  static bool is_available() noexcept { return c10::cuda::device_count() > 0; }
+
+  /// The torch device, with its index.
+  c10::Device device() const { return c10::Device(c10::kCUDA, index_); }
+  c10::DeviceIndex index() const noexcept { return index_; }
+  Tf32 tf32() const noexcept { return tf32_; }
+
+  /// Makes this device current on the calling thread and checks it; may be called again.
+  /// The current device is per host thread: call it on each thread that launches kernels.
+  void prepare() {
+    c10::cuda::set_device(index_);
+    const c10::DeviceIndex now = c10::cuda::current_device();
+    if (now != index_) {
+      throw Error("loom::device::Cuda::prepare: asked for device " + std::to_string(index_) +
+                  ", but the current device is " + std::to_string(now));
+    }
+  }
+
+  /// The tensor on this device; non-blocking only from pinned memory, where it is
+  /// asynchronous (from pageable memory the copy is synchronous anyway).
+  at::Tensor tensor_to_device(const at::Tensor& t) const {
+    return t.to(device(), /*non_blocking=*/t.is_pinned());
+  }
+
+  using Defaults<Cuda>::dataloader_to_device;
+
+  /// A view of `source` whose batches are pinned, copied on a side stream and passed through
+  /// `fn` there by a producer thread, `prefetch.depth` batches ahead (data/cuda_prefetch.hpp).
+  template <class Source, class Fn>
+  auto dataloader_to_device(Source& source, Fn fn, data::Prefetch prefetch) const {
+    auto move = [self = *this](const at::Tensor& t) { return self.tensor_to_device(t); };
+    using Stage = data::CudaStage<decltype(move)>;
+    return data::PrefetchLoader<Source, Stage, Fn>(source, Stage(index_, std::move(move)),
+                                                   std::move(fn), prefetch);
+  }
+
+  /// {"rng": this device's CUDA generator state (a uint8 tensor)}.
+  StateDict state_dict() const {
+    at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(index_);
+    std::lock_guard lock(gen.mutex());
+    return {{"rng", gen.get_state()}};
+  }
+
+  /// Restores the generator state; a state of another size (another torch version's format)
+  /// is skipped with a warning, so that a checkpoint still loads.
+  void load_state_dict(const StateDict& state) {
+    for (const auto& [key, value] : state) {
+      if (key != "rng") {
+        throw Error("loom::device::Cuda::load_state_dict: unexpected key '" + key +
+                    "'; the cuda device's state holds only 'rng'");
+      }
+      if (!value.isTensor()) {
+        throw Error("loom::device::Cuda::load_state_dict: 'rng' is not a tensor");
+      }
+    }
+    auto rng = state.find("rng");
+    if (rng == state.end()) return;
+    at::Tensor saved = rng->second.toTensor();
+    at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(index_);
+    std::lock_guard lock(gen.mutex());
+    at::Tensor now = gen.get_state();
+    if (saved.scalar_type() != now.scalar_type() || saved.numel() != now.numel()) {
+      TORCH_WARN("loom::device::Cuda::load_state_dict: the saved CUDA RNG state has ",
+                 saved.numel(), " elements of ", saved.scalar_type(), ", this torch expects ",
+                 now.numel(), " of ", now.scalar_type(), "; the RNG state was not restored");
+      return;
+    }
+    gen.set_state(saved.cpu());
+  }
+
+  /// Waits for all work queued on this device.
+  void synchronize() const {
+    c10::cuda::CUDAGuard guard(index_);
+    c10::cuda::device_synchronize();
+  }
+
+  /// Waits for the device, then returns the caching allocator's free blocks to the driver.
+  void teardown() {
+    synchronize();
+    c10::cuda::CUDACachingAllocator::emptyCache();
+  }
+
+ private:
+  c10::DeviceIndex index_;
+  Tf32 tf32_;
+};
+
+}  // namespace loom::device

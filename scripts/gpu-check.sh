@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# The GPU check: on a machine with an NVIDIA GPU and a python that has torch (with CUDA), but no
+# OS packages and no network, configure loom against that torch, build the GPU tests and the
+# host-to-device prefetch benchmark, run them, and write a short report. About 8 minutes at most.
+#
+# Usage: scripts/gpu-check.sh [report-dir]        (default $OUT, else build-gpu-report)
+#   LOOM_THIRD_PARTY   packed headers (scripts/pack-gpu-deps.sh; default build-gpu-deps)
+#   LOOM_PYTHON        the python with torch (default: the first of python3, /opt/torch/.venv,
+#                      ~/.cache/loom/torch-*/bin/python that imports torch)
+#   LOOM_GPU_BUILD     build tree (default build-gpu)    JOBS  build jobs (default nproc)
+#   LOOM_GPU_BUDGET_S  total seconds (default 470)
+# Exit status: 0 all ran and passed; 1 a step failed; 77 no GPU (nothing run on a device).
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+out=${1:-${OUT:-$root/build-gpu-report}}
+third=${LOOM_THIRD_PARTY:-$root/build-gpu-deps}
+build=${LOOM_GPU_BUILD:-$root/build-gpu}
+jobs=${JOBS:-$(nproc)}
+deadline=$((SECONDS + ${LOOM_GPU_BUDGET_S:-470}))
+mkdir -p "$out"
+report="$out/gpu-check.md"
+: >"$report"
+say() { echo "$*" | tee -a "$report"; }
+left() { local s=$((deadline - SECONDS)); [ "$s" -gt 5 ] && echo "$s" || echo 5; }
+finish() {
+  say ""
+  say "status: $1 (after ${SECONDS}s)"
+  exit "$2"
+}
+
+say "# loom GPU check"
+say ""
+say "- commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+    "$(git -C "$root" status --porcelain 2>/dev/null | grep -q . && echo '(working tree modified)')"
+
+# 1. The python with torch, and what it sees.
+py=""
+for c in "${LOOM_PYTHON:-}" python3 /opt/torch/.venv/bin/python3 "$HOME"/.cache/loom/torch-*/bin/python; do
+  [ -n "$c" ] && command -v "$c" >/dev/null 2>&1 || continue
+  if "$c" -c 'import torch' >/dev/null 2>&1; then py=$(command -v "$c"); break; fi
+done
+[ -n "$py" ] || { say "- no python with torch found (set LOOM_PYTHON)"; finish "FAILED" 1; }
+read -r torch_version torch_cuda gpus gpu_name < <("$py" - <<'PY'
+import torch
+n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+name = torch.cuda.get_device_name(0).replace(" ", "_") if n else "-"
+print(torch.__version__, torch.version.cuda, n, name)
+PY
+)
+prefix=$("$py" -c 'import sys, torch.utils; sys.stdout.write(torch.utils.cmake_prefix_path)')
+bindir=$(dirname "$py")
+cmake_bin=$(command -v cmake || echo "$bindir/cmake")
+ninja_bin=$(command -v ninja || echo "$bindir/ninja")
+say "- python: $py; torch $torch_version (CUDA $torch_cuda); GPUs: $gpus ($gpu_name)"
+say "- driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 || echo none)"
+say "- compiler: $(${CXX:-c++} --version 2>/dev/null | head -1); cmake: $("$cmake_bin" --version | head -1)"
+say "- third-party headers: $third"
+[ -f "$third/catch2/catch.hpp" ] && [ -f "$third/boost/hana.hpp" ] && [ -f "$third/cmake/Catch.cmake" ] ||
+  { say "- $third lacks catch2/catch.hpp, boost/hana.hpp or cmake/Catch.cmake: run scripts/pack-gpu-deps.sh"; finish "FAILED" 1; }
+
+# 2. Configure: the packed headers stand in for Boost's and Catch2's CMake packages.
+generator=()
+[ -x "$ninja_bin" ] && generator=(-G Ninja -DCMAKE_MAKE_PROGRAM="$ninja_bin")
+timeout "$(left)" "$cmake_bin" -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefix" -DTorch_DIR="$prefix/Torch" \
+  -DLOOM_THIRD_PARTY_DIR="$third" -DCMAKE_DISABLE_FIND_PACKAGE_Boost=ON \
+  -DCMAKE_DISABLE_FIND_PACKAGE_Catch2=ON -DCMAKE_DISABLE_FIND_PACKAGE_benchmark=ON \
+  -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_GPU_TESTS=ON -DLOOM_BUILD_BENCHMARKS=ON \
+  -DLOOM_BUILD_EXAMPLES=OFF -DLOOM_INSTALL=OFF -DLOOM_WERROR=OFF >"$out/configure.log" 2>&1 ||
+  { tail -n 30 "$out/configure.log"; say "- configure failed: configure.log"; finish "FAILED" 1; }
+say "- configured in ${SECONDS}s"
+
+# 3. Build only what the check runs.
+timeout "$(left)" "$cmake_bin" --build "$build" --target loom_gpu_tests loom_bench_prefetch_cuda \
+  -j "$jobs" >"$out/build.log" 2>&1 ||
+  { grep -E 'error|FAILED' "$out/build.log" | head -n 20; say "- build failed: build.log"; finish "FAILED" 1; }
+say "- built in ${SECONDS}s"
+
+if [ "$gpus" = 0 ]; then
+  say "- no GPU: torch sees no CUDA device, so the gpu tests and the benchmark were not run"
+  "$build/benchmarks/loom_bench_prefetch_cuda" >"$out/bench.txt" 2>&1
+  say "- benchmark without a GPU says: $(head -n 1 "$out/bench.txt")"
+  finish "SKIPPED (no GPU)" 77
+fi
+
+# 4. The tests labelled gpu.
+status=0
+timeout "$(left)" ctest --test-dir "$build" -L gpu --output-on-failure --timeout 180 \
+  >"$out/ctest.log" 2>&1 || status=1
+say ""
+say "## GPU tests (ctest -L gpu)"
+say ""
+say "$(grep -E 'tests passed|tests failed|Total Test time' "$out/ctest.log" || tail -n 5 "$out/ctest.log")"
+grep -E '^\s*[0-9]+ - .*\((Failed|Timeout|Exception)' "$out/ctest.log" | sed 's/^/    /' | tee -a "$report"
+
+# 5. D17: host-to-device prefetch, 64 MiB pinned batches.
+say ""
+say "## D17 prefetch benchmark (loom_bench_prefetch_cuda 64 16 3)"
+timeout "$(left)" "$build/benchmarks/loom_bench_prefetch_cuda" 64 16 3 >"$out/bench.txt" 2>&1 || status=1
+"$py" - "$out/bench.txt" <<'PY' | tee -a "$report" || status=1
+import re, sys
+kv, peaks = {}, {}
+for line in open(sys.argv[1]):
+    m = re.match(r"(\S+)\.peak_mib\.epoch(\d+) off (\S+) on (\S+)", line)
+    if m:
+        peaks.setdefault(m[1], []).append((float(m[3]), float(m[4])))
+    elif len(line.split()) == 2:
+        k, v = line.split()
+        kv[k] = v
+print()
+print(f"copy of one batch {float(kv['copy_ms']):.3f} ms; one matmul {float(kv['matmul_ms']):.3f} ms")
+print()
+print("| case | step ms | mean ms/step, no prefetch | with prefetch | ratio | target | peak MiB per epoch (prefetch) |")
+print("|---|---:|---:|---:|---:|---:|---|")
+ok = True
+for case, target in (("h2d_bound", 0.85), ("compute_bound", 1.02)):
+    r = float(kv[f"{case}.ratio"])
+    on_peaks = [p[1] for p in peaks.get(case, [])]
+    flat = max(on_peaks) - min(on_peaks) < 1.0 if on_peaks else False
+    ok = ok and flat
+    print(f"| {case} | {float(kv[case + '.step_ms']):.3f} | {float(kv[case + '.off_ms']):.3f} | "
+          f"{float(kv[case + '.on_ms']):.3f} | {r:.3f} | <= {target} {'PASS' if r <= target else 'FAIL'} | "
+          f"{', '.join(f'{p:.0f}' for p in on_peaks)} {'flat' if flat else 'NOT FLAT'} |")
+print()
+print("D17 decides the Cuda prefetch default (docs/data-path.md); this check only reports.")
+sys.exit(0 if ok else 1)
+PY
+
+# ---- Optional: loom vs Lightning Fabric on CUDA (scripts/gpu-fabric-check.sh) ----------------
+# Off by default (LOOM_GPU_FABRIC=1 turns it on); needs lightning already installed in the python
+# with torch. Reports into its own gpu-fabric-check.md and never changes this check's status.
+if [ "${LOOM_GPU_FABRIC:-0}" = 1 ]; then
+  say ""
+  say "## Optional: loom vs Lightning Fabric on CUDA (gpu-fabric-check.md)"
+  LOOM_PYTHON="$py" LOOM_GPU_BUILD="$build" JOBS="$jobs" \
+    timeout "$(left)" bash "$root/scripts/gpu-fabric-check.sh" "$out" >/dev/null 2>&1
+  say "- exit status $? (0 ran, 77 skipped: no lightning or no GPU)"
+fi
+# ---- end of the optional Fabric section ---------------------------------------------------------
+
+[ "$status" = 0 ] && finish "PASSED" 0 || finish "FAILED" 1

@@ -1,0 +1,357 @@
+// Mixed precision: the autocast guard (precision.md §3.2, P16-P20), 16-mixed's loss scaling
+// through the runtime (P4, P21-P26), and choosing policies by name (P1-P3, P5).
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include <ATen/autocast_mode.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/lbfgs.h>
+#include <torch/optim/sgd.h>
+
+#include <loom/loom.hpp>
+
+using namespace loom;
+using at::autocast::get_autocast_dtype;
+using at::autocast::is_autocast_cache_enabled;
+using at::autocast::is_autocast_enabled;
+
+namespace {
+
+/// Collects TORCH_WARN messages while alive.
+struct WarningCatcher : c10::WarningHandler {
+  std::vector<std::string> messages;
+  c10::WarningUtils::WarningHandlerGuard guard{this};
+  void process(const c10::Warning& w) override { messages.push_back(w.msg()); }
+};
+
+template <class P>
+std::string name_of(const P&) {
+  return std::string(P::precision());
+}
+
+/// An optimizer that says it unscales its gradients itself.
+struct SelfUnscalingSGD : torch::optim::SGD, amp::SelfUnscalingOptimizer {
+  using torch::optim::SGD::SGD;
+};
+
+}  // namespace
+
+TEST_CASE("Bf16Mixed's forward context is CPU autocast in bf16, restored after (P16, D16)",
+          "[precision][autocast]") {
+  Runtime<Cpu, Bf16Mixed> rt;
+  CHECK_FALSE(is_autocast_enabled(c10::kCPU));
+  {
+    [[maybe_unused]] auto g = rt.forward_context();
+    CHECK(is_autocast_enabled(c10::kCPU));
+    CHECK(get_autocast_dtype(c10::kCPU) == at::kBFloat16);
+    CHECK_FALSE(is_autocast_enabled(c10::kCUDA));  // bound to the runtime's device only
+    auto y = at::matmul(at::ones({2, 2}), at::ones({2, 2}));
+    CHECK(y.scalar_type() == at::kBFloat16);
+  }
+  CHECK_FALSE(is_autocast_enabled(c10::kCPU));
+  Runtime<Cpu, Fp32> fp32;
+  {
+    [[maybe_unused]] auto g = fp32.forward_context();
+    CHECK_FALSE(is_autocast_enabled(c10::kCPU));
+  }
+}
+
+TEST_CASE("Fp16Mixed on the CPU is fp16 autocast, no bf16 fall-back (P4)", "[precision][autocast]") {
+  Runtime<Cpu, Fp16Mixed> rt;
+  [[maybe_unused]] auto g = rt.forward_context();
+  CHECK(is_autocast_enabled(c10::kCPU));
+  CHECK(get_autocast_dtype(c10::kCPU) == at::kHalf);
+  CHECK(at::matmul(at::ones({2, 2}), at::ones({2, 2})).scalar_type() == at::kHalf);
+}
+
+TEST_CASE("nested guards: an fp32 island, the cache flag, clearing only at depth 0 (P17, P18)",
+          "[precision][autocast]") {
+  const auto saved_dtype = get_autocast_dtype(c10::kCPU);
+  at::autocast::set_autocast_cache_enabled(false);  // the guard must restore even this
+  {
+    amp::AutocastGuard outer(c10::kCPU, at::kBFloat16);
+    CHECK(is_autocast_cache_enabled());  // P18: the forward guard keeps the cache on
+    auto w = at::ones({2, 2}).requires_grad_();  // a leaf weight: cached when cast
+    auto a = at::matmul(at::ones({2, 2}), w);
+    CHECK(a.scalar_type() == at::kBFloat16);
+    {
+      amp::AutocastGuard island(c10::kCPU, at::kHalf, /*enabled=*/false);
+      CHECK_FALSE(is_autocast_enabled(c10::kCPU));
+      CHECK(at::matmul(at::ones({2, 2}), at::ones({2, 2})).scalar_type() == at::kFloat);
+    }
+    CHECK(is_autocast_enabled(c10::kCPU));
+    CHECK(get_autocast_dtype(c10::kCPU) == at::kBFloat16);
+    CHECK(is_autocast_cache_enabled());
+  }
+  CHECK_FALSE(is_autocast_enabled(c10::kCPU));
+  CHECK(get_autocast_dtype(c10::kCPU) == saved_dtype);
+  CHECK_FALSE(is_autocast_cache_enabled());
+  at::autocast::set_autocast_cache_enabled(true);
+  // Depth is back to 0: a fresh outermost guard increments to 1.
+  {
+    amp::AutocastGuard g(c10::kCPU, at::kBFloat16);
+    CHECK(at::autocast::decrement_nesting() == 0);
+    at::autocast::increment_nesting();
+  }
+}
+
+TEST_CASE("the autocast guard checks its arguments before changing anything",
+          "[precision][autocast]") {
+  CHECK_THROWS_WITH(amp::AutocastGuard(c10::kCPU, at::kFloat), Catch::Contains("kHalf or kBFloat16"));
+  if (!loom::detail::cuda_usable()) {
+    CHECK_THROWS_WITH(amp::AutocastGuard(c10::kCUDA, at::kHalf),
+                      Catch::Contains("needs a usable CUDA device"));
+  }
+  CHECK_FALSE(is_autocast_enabled(c10::kCPU));
+  CHECK_FALSE(is_autocast_enabled(c10::kCUDA));
+}
+
+TEST_CASE("inside bf16 autocast: no-grad forwards do not break the graph (P19)", "[precision][autocast]") {
+  torch::nn::Linear model(4, 4);
+  Runtime<Cpu, Bf16Mixed> rt;
+  at::Tensor loss;
+  {
+    [[maybe_unused]] auto g = rt.forward_context();
+    {
+      torch::NoGradGuard ng;
+      model->forward(at::ones({2, 4}));
+    }
+    {
+      c10::InferenceMode im;
+      model->forward(at::ones({2, 4}));
+    }
+    loss = model->forward(at::ones({2, 4})).float_power(2).sum();
+  }
+  REQUIRE(loss.grad_fn() != nullptr);
+  loss.backward();
+  CHECK(model->weight.grad().defined());
+}
+
+TEST_CASE("Bf16Mixed integration: fp32 weights and grads, bf16 inside, fp32 out (P20)",
+          "[precision][bf16-mixed]") {
+  Runtime<Cpu, Bf16Mixed> rt;
+  torch::manual_seed(0);
+  torch::nn::Linear model(4, 2);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  rt.setup(model, opt);
+  CHECK(model->weight.scalar_type() == at::kFloat);
+  c10::ScalarType input = at::kFloat, output = at::kFloat;
+  bool autocast_on = false;
+  auto out = rt.forward(
+      [&](const at::Tensor& x) {
+        input = x.scalar_type();
+        autocast_on = is_autocast_enabled(c10::kCPU);
+        auto y = model->forward(x);
+        output = y.scalar_type();
+        return y;
+      },
+      at::randn({8, 4}));
+  CHECK(input == at::kBFloat16);
+  CHECK(autocast_on);
+  CHECK(output == at::kBFloat16);
+  CHECK(out.scalar_type() == at::kFloat);
+  rt.backward(out.pow(2).mean(), model);
+  CHECK(model->weight.grad().scalar_type() == at::kFloat);
+  auto before = model->weight.clone();
+  CHECK(rt.optimizer_step(opt));
+  CHECK_FALSE(model->weight.equal(before));
+  opt.zero_grad();
+  CHECK(rt.state_dict().size() == 1);  // no scaler state
+}
+
+TEST_CASE("Fp16Mixed scales the loss once, steps and updates once (P21, P22)",
+          "[precision][fp16-mixed]") {
+  Runtime<Cpu, Fp16Mixed> rt;
+  torch::manual_seed(0);
+  torch::nn::Linear model(3, 1), twin(3, 1);
+  {
+    torch::NoGradGuard ng;
+    twin->weight.copy_(model->weight);
+    twin->bias.copy_(model->bias);
+  }
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  rt.setup(model, opt);
+  auto x = at::randn({4, 3});
+  auto loss = model->forward(x).sum();
+  rt.backward(loss, model);
+  twin->forward(x).sum().backward();
+  const double scale = rt.precision().scaler().get_scale();
+  CHECK(scale == 65536.0);
+  CHECK(model->weight.grad().allclose(twin->weight.grad() * scale));  // grads = scale x true
+  CHECK(rt.optimizer_step(opt));
+  CHECK(rt.precision().scaler().stage(opt) == amp::GradScaler::Stage::ready);  // updated once
+  CHECK(rt.precision().scaler().get_growth_tracker() == 1);
+  // The step used the unscaled gradients.
+  auto expected = twin->weight.detach() - 0.1 * twin->weight.grad();
+  CHECK(model->weight.allclose(expected));
+}
+
+TEST_CASE("Fp16Mixed skips a step with inf gradients and backs the scale off", "[precision][fp16-mixed]") {
+  Runtime<Cpu, Fp16Mixed> rt;
+  torch::nn::Linear model(3, 1);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  rt.setup(model, opt);
+  auto loss = model->forward(at::ones({1, 3})).sum() * std::numeric_limits<float>::infinity();
+  rt.backward(loss, model);
+  auto before = model->weight.clone();
+  CHECK_FALSE(rt.optimizer_step(opt));
+  CHECK(model->weight.equal(before));
+  CHECK(rt.precision().scaler().get_scale() == 32768.0);
+}
+
+TEST_CASE("Fp16Mixed refuses a step after a direct loss.backward()", "[precision][fp16-mixed]") {
+  Runtime<Cpu, Fp16Mixed> rt;
+  torch::nn::Linear model(2, 1);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  model->forward(at::ones({1, 2})).sum().backward();  // not through the runtime: unscaled
+  auto before = model->weight.clone();
+  CHECK_THROWS_WITH(rt.optimizer_step(opt), Catch::Contains("a direct loss.backward() skips"));
+  CHECK(model->weight.equal(before));
+}
+
+TEST_CASE("Fp16Mixed refuses LBFGS (P23)", "[precision][fp16-mixed]") {
+  Runtime<Cpu, Fp16Mixed> rt;
+  torch::nn::Linear model(2, 1);
+  torch::optim::LBFGS lbfgs(model->parameters());
+  rt.backward(model->forward(at::ones({1, 2})).sum(), model);
+  CHECK_THROWS_WITH(rt.optimizer_step(lbfgs), "loom: AMP and the LBFGS optimizer are not compatible.");
+}
+
+TEST_CASE("clipping: 0 clips nothing, by value or by norm only (P24)", "[precision][clip]") {
+  auto setup = [](torch::nn::Linear& m) {
+    torch::NoGradGuard ng;
+    m->weight.fill_(1.0);
+    m->bias.fill_(0.0);
+  };
+  Runtime<Cpu, Fp32> rt;
+  torch::nn::Linear model(2, 1);
+  setup(model);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  auto grads = [&] {
+    opt.zero_grad();
+    rt.backward((model->forward(at::full({1, 2}, 3.0)) * 4).sum(), model);  // dw = 12, db = 4
+  };
+  grads();
+  CHECK(rt.clip_gradients(opt, 0.0) == 0.0);
+  CHECK(model->weight.grad().equal(at::full({1, 2}, 12.0)));
+  rt.clip_gradients_by_value(opt, 5.0);
+  CHECK(model->weight.grad().equal(at::full({1, 2}, 5.0)));
+  CHECK(model->bias.grad().equal(at::full({1}, 4.0)));
+  grads();
+  double norm = rt.clip_gradients(opt, 1.0);
+  CHECK(norm == Approx(std::sqrt(12.0 * 12 * 2 + 16)));
+  double after = std::sqrt(model->weight.grad().pow(2).sum().item<double>() +
+                           model->bias.grad().pow(2).sum().item<double>());
+  CHECK(after == Approx(1.0).epsilon(1e-4));
+}
+
+TEST_CASE("16-mixed clipping unscales first, once, and refuses self-unscaling optimizers (P26)",
+          "[precision][clip][fp16-mixed]") {
+  Runtime<Cpu, Fp16Mixed> rt(Cpu{}, Fp16Mixed(amp::GradScalerOptions{.init_scale = 1024.0}));
+  torch::nn::Linear model(2, 1);
+  {
+    torch::NoGradGuard ng;
+    model->weight.fill_(1.0);
+    model->bias.fill_(0.0);
+  }
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  rt.backward((model->forward(at::full({1, 2}, 3.0)) * 4).sum(), model);
+  CHECK(model->weight.grad().equal(at::full({1, 2}, 12.0 * 1024)));  // scaled after backward
+  rt.unscale_gradients(opt);
+  CHECK(rt.precision().scaler().stage(opt) == amp::GradScaler::Stage::unscaled);
+  CHECK(model->weight.grad().equal(at::full({1, 2}, 12.0)));  // true grads
+  rt.clip_gradients_by_value(opt, 5.0);                        // no second unscale
+  CHECK(model->weight.grad().equal(at::full({1, 2}, 5.0)));
+  rt.clip_gradients_by_value(opt, 5.0);                        // clipping twice is safe
+  CHECK(rt.optimizer_step(opt));
+  CHECK(model->weight.equal(at::full({1, 2}, 1.0 - 0.1 * 5.0)));
+  CHECK_THROWS_WITH(rt.precision().clip_gradients(opt, 1.0, precision::ClipAlgorithm::norm),
+                    Catch::Contains("needs a backward() through the runtime"));
+  CHECK_THROWS_WITH(rt.optimizer_step(opt), Catch::Contains("needs a backward() through the runtime"));
+
+  SelfUnscalingSGD fused(model->parameters(), 0.1);
+  rt.backward(model->forward(at::ones({1, 2})).sum(), model);
+  CHECK_THROWS_WITH(rt.clip_gradients(fused, 1.0), Catch::Contains("unscales them itself"));
+  Runtime<Cpu, Bf16Mixed> bf16;  // no scaler: fine
+  CHECK_NOTHROW(bf16.clip_gradients(fused, 1.0));
+}
+
+TEST_CASE("16-mixed state round-trips through the runtime and refuses another precision (P33)",
+          "[precision][fp16-mixed][state]") {
+  Runtime<Cpu, Fp16Mixed> rt;
+  torch::nn::Linear model(2, 1);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  rt.backward(model->forward(at::ones({1, 2})).sum() * std::numeric_limits<float>::infinity(), model);
+  rt.optimizer_step(opt);
+  auto sd = rt.state_dict();
+  CHECK(sd.at("precision").toStringRef() == "16-mixed");
+  CHECK(sd.at("precision.scale").toDouble() == 32768.0);
+  Runtime<Cpu, Fp16Mixed> resumed;
+  resumed.load_state_dict(sd);
+  CHECK(resumed.precision().scaler().get_scale() == 32768.0);
+  Runtime<Cpu, Bf16Mixed> other;
+  CHECK_THROWS_WITH(other.load_state_dict(sd), Catch::Contains("saved with precision \"16-mixed\""));
+}
+
+TEST_CASE("precision_t maps Lightning's names to policies at compile time (P1, P2)",
+          "[precision][select]") {
+  STATIC_REQUIRE(std::is_same_v<precision_t<"32-true">, Fp32>);
+  STATIC_REQUIRE(std::is_same_v<precision_t<"32">, Fp32>);
+  STATIC_REQUIRE(std::is_same_v<precision_t<32>, Fp32>);
+  STATIC_REQUIRE(std::is_same_v<precision_t<"64-true">, Fp64>);
+  STATIC_REQUIRE(std::is_same_v<precision_t<64>, Fp64>);
+  STATIC_REQUIRE(std::is_same_v<precision_t<"16-true">, Fp16True>);
+  STATIC_REQUIRE(std::is_same_v<precision_t<"bf16-true">, Bf16True>);
+  STATIC_REQUIRE(std::is_same_v<precision_t<"16-mixed">, Fp16Mixed>);
+  STATIC_REQUIRE(std::is_same_v<precision_t<"bf16-mixed">, Bf16Mixed>);
+  STATIC_REQUIRE(std::is_same_v<precision_t<16>, Fp16Mixed>);
+  STATIC_REQUIRE(std::is_same_v<precision_t<"16">, Fp16Mixed>);
+  STATIC_REQUIRE(std::is_same_v<precision_t<"bf16">, Bf16Mixed>);
+  STATIC_REQUIRE(precision_t<"bf16-mixed">::precision() == "bf16-mixed");
+}
+
+TEST_CASE("with_precision dispatches run-time names, aliases warn, unknown names throw (P1-P3)",
+          "[precision][select]") {
+  auto name = [](auto policy) { return name_of(policy); };
+  {
+    WarningCatcher w;
+    CHECK(with_precision("32-true", name) == "32-true");
+    CHECK(with_precision("32", name) == "32-true");
+    CHECK(with_precision(32, name) == "32-true");
+    CHECK(with_precision("64", name) == "64-true");
+    CHECK(with_precision(64, name) == "64-true");
+    CHECK(with_precision("16-true", name) == "16-true");
+    CHECK(with_precision("bf16-true", name) == "bf16-true");
+    CHECK(with_precision("16-mixed", name) == "16-mixed");
+    CHECK(with_precision("bf16-mixed", name) == "bf16-mixed");
+    CHECK(w.messages.empty());  // canonical names are silent
+  }
+  {
+    WarningCatcher w;
+    CHECK(with_precision("16", name) == "16-mixed");
+    CHECK(with_precision(16, name) == "16-mixed");
+    CHECK(with_precision("bf16", name) == "bf16-mixed");
+    REQUIRE(w.messages.size() == 3);
+    CHECK(w.messages[0].find("use \"16-mixed\"") != std::string::npos);
+    CHECK(w.messages[2].find("use \"bf16-mixed\"") != std::string::npos);
+  }
+  for (auto bad : {"invalid", "8-mixed", "fp16", "BF16-MIXED", ""}) {
+    CHECK_THROWS_WITH(with_precision(bad, name),
+                      Catch::Contains("unknown precision") && Catch::Contains("\"bf16-mixed\""));
+  }
+  CHECK_THROWS_WITH(with_precision(1, name), Catch::Contains("unknown precision 1"));
+  CHECK_THROWS_WITH(with_precision(12, name), Catch::Contains("unknown precision 12"));
+  CHECK_THROWS_WITH(with_precision("transformer-engine", name), Catch::Contains("not supported by loom"));
+}
+
+TEST_CASE("16-mixed has the scaler defaults and bf16-mixed has none (P5)", "[precision][select]") {
+  Fp16Mixed p;
+  CHECK(p.scaler().options().init_scale == 65536.0);
+  CHECK(p.scaler().options().growth_factor == 2.0);
+  CHECK(p.scaler().options().backoff_factor == 0.5);
+  CHECK(p.scaler().options().growth_interval == 2000);
+  STATIC_REQUIRE_FALSE(std::is_constructible_v<Bf16Mixed, amp::GradScaler>);
+}
