@@ -1,10 +1,11 @@
-// Quick start: an MLP learns Fashion-MNIST on the CPU through loom::Runtime<Cpu, Precision>.
+// Quick start: an MLP learns Fashion-MNIST through loom::Runtime<Device, Precision>.
 //
-//   quickstart --data build/data/fashion-mnist [--precision 32-true] [--epochs 1]
-//              [--max-steps N] [--batch-size 64] [--lr 1e-3]
+//   quickstart --data build/data/fashion-mnist [--device cpu] [--precision 32-true]
+//              [--epochs 1] [--max-steps N] [--batch-size 64] [--lr 1e-3]
 //
-// --precision takes Lightning's names ("bf16-mixed", ...): loom::with_precision turns the
-// string into a policy type, and train_and_evaluate is compiled once per policy.
+// --device and --precision take Composer's and Lightning's names ("cuda", "bf16-mixed", ...):
+// loom::with_runtime turns the two strings into a Runtime type, and train_and_evaluate is
+// compiled once per device x precision pair.
 // Prints the dtypes the model sees, then step, loss and samples/s as it trains, then the
 // test accuracy; exits 1 if the model did not learn (accuracy below 70%).
 #include <chrono>
@@ -32,6 +33,7 @@ namespace {
 
 struct Options {
   std::string data = "data/fashion-mnist";
+  std::string device = "cpu";
   std::string precision = "32-true";
   int epochs = 1;
   int64_t max_steps = -1;
@@ -48,6 +50,7 @@ Options parse(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--data") o.data = value();
+    else if (a == "--device") o.device = value();
     else if (a == "--precision") o.precision = value();
     else if (a == "--epochs") o.epochs = std::stoi(value());
     else if (a == "--max-steps") o.max_steps = std::stoll(value());
@@ -55,8 +58,9 @@ Options parse(int argc, char** argv) {
     else if (a == "--lr") o.lr = std::stod(value());
     else if (a == "--help" || a == "-h") {
       std::printf(
-          "usage: quickstart [--data DIR] [--precision NAME] [--epochs N] [--max-steps N]\n"
-          "                  [--batch-size N] [--lr X]\n"
+          "usage: quickstart [--data DIR] [--device NAME] [--precision NAME] [--epochs N]\n"
+          "                  [--max-steps N] [--batch-size N] [--lr X]\n"
+          "  --device     cpu (default), cuda, gpu or auto\n"
           "  --precision  one of %s\n",
           std::string(loom::precision::allowed_names).c_str());
       std::exit(0);
@@ -163,11 +167,9 @@ double train_and_evaluate(RT& rt, const Options& o) {
 int main(int argc, char** argv) {
   try {
     Options o = parse(argc, argv);
-    double accuracy = loom::with_precision(o.precision, [&](auto policy) {
-      torch::manual_seed(0);
-      loom::Runtime<loom::Cpu, decltype(policy)> rt(loom::Cpu{}, std::move(policy));
-      return train_and_evaluate(rt, o);
-    });
+    torch::manual_seed(0);
+    double accuracy = loom::with_runtime(o.device, o.precision,
+                                         [&](auto& rt) { return train_and_evaluate(rt, o); });
     bool learned = accuracy >= 0.70;
     std::printf("test accuracy %.2f%%: %s\n", 100 * accuracy, learned ? "learned" : "did NOT learn");
     return learned ? 0 : 1;

@@ -27,6 +27,7 @@
 #include <loom/precision/select.hpp>
 #include <loom/precision/uniform.hpp>
 #include <loom/runtime.hpp>
+#include <loom/select.hpp>
 #include <loom/state_dict.hpp>
 #include <loom/version.hpp>
 

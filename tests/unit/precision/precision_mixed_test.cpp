@@ -7,6 +7,8 @@
 #include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/lbfgs.h>
 #include <torch/optim/sgd.h>
@@ -354,4 +356,59 @@ TEST_CASE("16-mixed has the scaler defaults and bf16-mixed has none (P5)", "[pre
   CHECK(p.scaler().options().backoff_factor == 0.5);
   CHECK(p.scaler().options().growth_interval == 2000);
   STATIC_REQUIRE_FALSE(std::is_constructible_v<Bf16Mixed, amp::GradScaler>);
+}
+
+TEST_CASE("with_runtime builds the Runtime a device and a precision name select",
+          "[precision][select]") {
+  auto describe = [](auto& rt) {
+    return std::string(rt.device().name()) + "/" + std::string(rt.precision_name());
+  };
+  CHECK(with_runtime("cpu", "bf16-mixed", describe) == "cpu/bf16-mixed");
+  CHECK(with_runtime("CPU", "64-true", describe) == "cpu/64-true");
+  bool typed = with_runtime("cpu", "16-mixed", [](auto& rt) {
+    return std::is_same_v<std::remove_cvref_t<decltype(rt)>, Runtime<Cpu, Fp16Mixed>>;
+  });
+  CHECK(typed);
+  CHECK_THROWS_WITH(with_runtime("magic_device", "32-true", describe), Catch::Contains("magic_device"));
+  CHECK_THROWS_WITH(with_runtime("cpu", "fp8", describe), Catch::Contains("unknown precision \"fp8\""));
+  if (!Cuda::is_available()) {
+    CHECK_THROWS_AS(with_runtime("cuda", "bf16-mixed", describe), loom::Error);
+    CHECK(with_runtime("auto", "32-true", describe) == "cpu/32-true");
+  }
+}
+
+TEST_CASE("a bf16-mixed loom loop is bitwise equal to the hand-written autocast loop (P36)",
+          "[precision][bf16-mixed][parity]") {
+  auto make = [] {
+    torch::manual_seed(11);
+    return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 1));
+  };
+  auto a = make(), b = make();
+  torch::optim::SGD oa(a->parameters(), 0.05), ob(b->parameters(), 0.05);
+  Runtime<Cpu, Bf16Mixed> rt;
+  rt.setup(a, oa);
+  torch::manual_seed(5);
+  auto x = at::randn({32, 8}), y = at::randn({32, 1});
+  for (int i = 0; i < 20; ++i) {
+    auto out = rt.forward(a, x);
+    rt.backward(torch::nn::functional::mse_loss(out, y), a);
+    rt.optimizer_step(oa);
+    oa.zero_grad();
+
+    // By hand: cast the input, autocast around the forward, fp32 output, plain backward.
+    at::Tensor hand;
+    {
+      at::autocast::set_autocast_enabled(c10::kCPU, true);
+      at::autocast::set_autocast_dtype(c10::kCPU, at::kBFloat16);
+      at::autocast::increment_nesting();
+      hand = b->forward(x.to(at::kBFloat16));
+      if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+      at::autocast::set_autocast_enabled(c10::kCPU, false);
+    }
+    torch::nn::functional::mse_loss(hand.to(at::kFloat), y).backward();
+    ob.step();
+    ob.zero_grad();
+  }
+  auto pa = a->parameters(), pb = b->parameters();
+  for (std::size_t i = 0; i < pa.size(); ++i) CHECK(pa[i].equal(pb[i]));
 }

@@ -1,0 +1,32 @@
+#pragma once
+// Choosing a whole runtime from the two strings a command line gives:
+//
+//   return loom::with_runtime(device_flag, precision_flag, [&](auto& rt) { return train(rt); });
+//
+// calls train with a loom::Runtime<Device, Precision> for the named pair. Every pair is
+// compiled (2 devices x 6 precisions), so fn must return the same type for all of them.
+#include <string_view>
+#include <utility>
+
+#include <loom/device/select.hpp>
+#include <loom/precision/select.hpp>
+#include <loom/runtime.hpp>
+
+namespace loom {
+
+/// Calls `fn(rt)` with a `Runtime<D, P>` for the device `device_name` selects (see
+/// device::parse_device) and the precision `precision_name` selects (see with_precision),
+/// and returns fn's result. Unknown names throw loom::Error listing the allowed ones; naming
+/// "cuda" without a usable GPU throws loom::Error from Cuda's constructor.
+template <class Fn>
+decltype(auto) with_runtime(std::string_view device_name, std::string_view precision_name, Fn&& fn) {
+  device::parse_device(device_name);  // a bad device name fails before a precision warning
+  return device::with_device(device_name, [&](auto device) -> decltype(auto) {
+    return with_precision(precision_name, [&](auto precision) -> decltype(auto) {
+      Runtime<decltype(device), decltype(precision)> rt(std::move(device), std::move(precision));
+      return fn(rt);
+    });
+  });
+}
+
+}  // namespace loom
