@@ -198,6 +198,14 @@ def main():
                   f"{r['precision']} | {r['loom_best']:.1f} | {r['fabric_best']:.1f} | "
                   f"{r['speedup']:.2f} | {t} | {r['max_abs_param_diff']:.3g} |")
             w("")
+        w("Known issue, seen in the run recorded here (load average about 4 on 2 cores): with 2 "
+          "torch threads the C++ side of the *medium* size fell to a few steps/s while the python "
+          "side did not (`loom_fabric_train` alone on the same data: 256 steps/s with 1 thread, "
+          "4 steps/s with 2). It looks like OpenMP workers contending with the other processes; "
+          "it is not loom code (the parameters stay bit-identical) and was not investigated "
+          "further. The 1-thread table is the comparison to trust on a loaded machine; rerun "
+          "on an idle one.")
+        w("")
         w("The final parameters are compared after the same number of steps from the same "
           "weights. Both sides run the same ATen kernels in the same order (Fabric's "
           "`convert_input`, autocast scope and `convert_output` are what loom's policies do), so "
