@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/env.hpp"
 #include <torch/cuda.h>
 
 #include <loom/concepts/device_policy.hpp>
@@ -21,34 +22,7 @@ using loom::device::Cuda;
 using loom::device::Kind;
 using loom::precision::Fp32;
 using Catch::Matchers::Contains;
-
-namespace {
-
-/// Sets an environment variable for one scope, restoring the previous value.
-class EnvGuard {
- public:
-  EnvGuard(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) {
-      ::setenv(name, value, 1);
-    } else {
-      ::unsetenv(name);
-    }
-  }
-  ~EnvGuard() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
-}  // namespace
+using loom::testing::EnvGuard;
 
 TEST_CASE("Cuda is a DevicePolicy with constant names", "[device][cuda]") {
   STATIC_REQUIRE(loom::DevicePolicy<Cuda>);
