@@ -412,3 +412,62 @@ TEST_CASE("a bf16-mixed loom loop is bitwise equal to the hand-written autocast 
   auto pa = a->parameters(), pb = b->parameters();
   for (std::size_t i = 0; i < pa.size(); ++i) CHECK(pa[i].equal(pb[i]));
 }
+
+TEST_CASE("16-mixed with two accumulated micro-batches unscales their sum once (P26)",
+          "[precision][fp16-mixed]") {
+  Runtime<Cpu, Fp16Mixed> rt(Cpu{}, Fp16Mixed(amp::GradScalerOptions{.init_scale = 256.0}));
+  torch::nn::Linear model(2, 1);
+  {
+    torch::NoGradGuard ng;
+    model->weight.fill_(1.0);
+    model->bias.fill_(0.0);
+  }
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  rt.backward(model->forward(at::full({1, 2}, 1.0)).sum(), model);  // dw = 1 per element
+  rt.backward(model->forward(at::full({1, 2}, 2.0)).sum(), model);  // dw = 2 per element
+  CHECK(model->weight.grad().equal(at::full({1, 2}, 3.0 * 256)));
+  rt.unscale_gradients(opt);
+  CHECK(model->weight.grad().equal(at::full({1, 2}, 3.0)));
+  CHECK(rt.optimizer_step(opt));
+  CHECK(model->weight.equal(at::full({1, 2}, 1.0 - 0.1 * 3.0)));
+}
+
+TEST_CASE("16-mixed steps with no loss skip unscale, step and update alike (P27)",
+          "[precision][fp16-mixed]") {
+  // growth_interval 1: every update after a clean step doubles the scale, so the final scale
+  // counts the updates.
+  Runtime<Cpu, Fp16Mixed> rt(Cpu{}, Fp16Mixed(amp::GradScalerOptions{.init_scale = 8.0,
+                                                                     .growth_interval = 1}));
+  torch::nn::Linear model(2, 1);
+  torch::optim::SGD opt(model->parameters(), 0.01);
+  int applied = 0;
+  for (int step = 0; step < 5; ++step) {
+    bool has_loss = step % 2 == 0;  // a training step that returns no loss on odd batches
+    if (!has_loss) continue;
+    rt.backward(model->forward(at::ones({1, 2})).sum(), model);
+    rt.clip_gradients(opt, 0.5);
+    applied += rt.optimizer_step(opt);
+    opt.zero_grad();
+  }
+  CHECK(applied == 3);
+  CHECK(rt.precision().scaler().get_scale() == 8.0 * 2 * 2 * 2);  // exactly 3 updates
+}
+
+TEST_CASE("two fp32 and two 16-mixed CPU runs are bitwise equal (P35)", "[precision][parity]") {
+  auto run = [](auto policy) {
+    torch::manual_seed(3);
+    torch::nn::Linear model(4, 2);
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    Runtime<Cpu, decltype(policy)> rt(Cpu{}, std::move(policy));
+    rt.setup(model, opt);
+    for (int i = 0; i < 5; ++i) {
+      auto out = rt.forward(model, at::randn({8, 4}));
+      rt.backward(out.pow(2).mean(), model);
+      rt.optimizer_step(opt);
+      opt.zero_grad();
+    }
+    return at::cat({model->weight.flatten(), model->bias});
+  };
+  CHECK(run(Fp32{}).equal(run(Fp32{})));
+  CHECK(run(Fp16Mixed{}).equal(run(Fp16Mixed{})));
+}
