@@ -11,6 +11,10 @@ loom_configure() {
   local launcher=()
   if command -v ccache >/dev/null 2>&1; then
     launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+    # Paths below the checkout are hashed relative to it, so a fresh clone in another folder
+    # (as CI makes) reuses the compiler cache of the last one.
+    export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$LOOM_ROOT}
+    export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
   fi
   cmake -S "$LOOM_ROOT" -B "$LOOM_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DLOOM_WERROR=ON "${launcher[@]}" "$@" >"$LOOM_BUILD_DIR.configure.log" 2>&1 || {
