@@ -10,6 +10,7 @@
 
 #include "support/catch.hpp"
 #include "support/env.hpp"
+#include "support/warnings.hpp"
 #include <ATen/Context.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
@@ -31,12 +32,6 @@ using Catch::Matchers::Contains;
 using loom::testing::EnvGuard;
 
 namespace {
-
-/// Collects TORCH_WARN messages for one scope.
-struct WarningCollector : c10::WarningHandler {
-  std::vector<std::string> messages;
-  void process(const c10::Warning& w) override { messages.push_back(w.msg()); }
-};
 
 using Batch = std::tuple<at::Tensor, std::vector<at::Tensor>, int>;
 
@@ -219,8 +214,7 @@ TEST_CASE("D15 the CUDA RNG round-trips, and a wrong-size state only warns", "[g
   at::Tensor again = at::rand({8}, at::TensorOptions().device(cuda.device()));
   CHECK(first.equal(again));
 
-  WarningCollector collector;
-  c10::WarningUtils::WarningHandlerGuard guard(&collector);
+  loom::testing::WarningCatcher collector;
   at::Tensor before = at::rand({4}, at::TensorOptions().device(cuda.device()));
   auto after_state = cuda.state_dict();
   CHECK_NOTHROW(cuda.load_state_dict({{"rng", at::zeros({3}, at::kByte)}}));

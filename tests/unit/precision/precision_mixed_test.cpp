@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/warnings.hpp"
 #include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/nn/functional/loss.h>
@@ -22,12 +23,14 @@ using at::autocast::is_autocast_enabled;
 
 namespace {
 
-/// Collects TORCH_WARN messages while alive.
-struct WarningCatcher : c10::WarningHandler {
-  std::vector<std::string> messages;
-  c10::WarningUtils::WarningHandlerGuard guard{this};
-  void process(const c10::Warning& w) override { messages.push_back(w.msg()); }
-};
+using loom::testing::WarningCatcher;
+
+/// Sets a Linear's weights to `w` and its bias to 0, so expected gradients are round numbers.
+void fill(torch::nn::Linear& model, double w) {
+  torch::NoGradGuard ng;
+  model->weight.fill_(w);
+  model->bias.fill_(0.0);
+}
 
 template <class P>
 std::string name_of(const P&) {
@@ -223,14 +226,9 @@ TEST_CASE("Fp16Mixed refuses LBFGS (P23)", "[precision][fp16-mixed]") {
 }
 
 TEST_CASE("clipping: 0 clips nothing, by value or by norm only (P24)", "[precision][clip]") {
-  auto setup = [](torch::nn::Linear& m) {
-    torch::NoGradGuard ng;
-    m->weight.fill_(1.0);
-    m->bias.fill_(0.0);
-  };
   Runtime<Cpu, Fp32> rt;
   torch::nn::Linear model(2, 1);
-  setup(model);
+  fill(model, 1.0);
   torch::optim::SGD opt(model->parameters(), 0.1);
   auto grads = [&] {
     opt.zero_grad();
@@ -254,11 +252,7 @@ TEST_CASE("16-mixed clipping unscales first, once, and refuses self-unscaling op
           "[precision][clip][fp16-mixed]") {
   Runtime<Cpu, Fp16Mixed> rt(Cpu{}, Fp16Mixed(amp::GradScalerOptions{.init_scale = 1024.0}));
   torch::nn::Linear model(2, 1);
-  {
-    torch::NoGradGuard ng;
-    model->weight.fill_(1.0);
-    model->bias.fill_(0.0);
-  }
+  fill(model, 1.0);
   torch::optim::SGD opt(model->parameters(), 0.1);
   rt.backward((model->forward(at::full({1, 2}, 3.0)) * 4).sum(), model);
   CHECK(model->weight.grad().equal(at::full({1, 2}, 12.0 * 1024)));  // scaled after backward
@@ -417,11 +411,7 @@ TEST_CASE("16-mixed with two accumulated micro-batches unscales their sum once (
           "[precision][fp16-mixed]") {
   Runtime<Cpu, Fp16Mixed> rt(Cpu{}, Fp16Mixed(amp::GradScalerOptions{.init_scale = 256.0}));
   torch::nn::Linear model(2, 1);
-  {
-    torch::NoGradGuard ng;
-    model->weight.fill_(1.0);
-    model->bias.fill_(0.0);
-  }
+  fill(model, 1.0);
   torch::optim::SGD opt(model->parameters(), 0.1);
   rt.backward(model->forward(at::full({1, 2}, 1.0)).sum(), model);  // dw = 1 per element
   rt.backward(model->forward(at::full({1, 2}, 2.0)).sum(), model);  // dw = 2 per element
