@@ -182,8 +182,11 @@ class GradScaler {
     if (found_infs.empty()) {
       throw Error("loom::amp::GradScaler::update: No inf checks were recorded prior to update.");
     }
-    auto combined = found_infs.front().clone();  // () f32
-    for (std::size_t i = 1; i < found_infs.size(); ++i) combined.add_(found_infs[i]);
+    at::Tensor combined = found_infs.front();  // () f32; only read when there is one
+    if (found_infs.size() > 1) {
+      combined = combined.clone();
+      for (std::size_t i = 1; i < found_infs.size(); ++i) combined.add_(found_infs[i]);
+    }
     at::_amp_update_scale_(scale_, growth_tracker_, combined, options_.growth_factor,
                            options_.backoff_factor, options_.growth_interval);
     per_optimizer_.clear();
@@ -324,14 +327,15 @@ class GradScaler {
 
   static at::Tensor clone(const at::Tensor& t) { return t.defined() ? t.clone() : t; }
 
-  // The copy of `master` on `device`, made on first request (torch's _MultiDeviceReplicator).
+  // `master` on `device`, moved on first request (torch's _MultiDeviceReplicator). Replicas
+  // are only read, so on master's own device it is master itself: no copy on the usual
+  // single-device step.
   static const at::Tensor& replica(std::vector<std::pair<c10::Device, at::Tensor>>& cache,
                                    const at::Tensor& master, const c10::Device& device) {
     for (const auto& entry : cache) {
       if (entry.first == device) return entry.second;
     }
-    cache.emplace_back(device, master.to(device, master.scalar_type(), /*non_blocking=*/true,
-                                         /*copy=*/true));
+    cache.emplace_back(device, master.to(device, master.scalar_type(), /*non_blocking=*/true));
     return cache.back().second;
   }
 
