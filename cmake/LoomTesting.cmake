@@ -3,7 +3,9 @@
 # loom_add_compile_fail_test(<file.fail.cpp>)
 #   The file holds one `// expect-error: <regex>` line. Built with LOOM_FAIL defined it must
 #   fail with output matching <regex> (a loom message, never compiler wording); built without,
-#   it must compile: that twin is part of the normal build.
+#   it must compile: that twin is part of the normal build. An optional
+#   `// reject-error: <regex>` line names output that must not appear (a cascade of further
+#   errors after the one that explains the mistake). Files may include "support/...".
 function(loom_add_compile_fail_test file)
   get_filename_component(name "${file}" NAME_WE)
   file(STRINGS "${file}" expect REGEX "^// expect-error: ")
@@ -12,12 +14,16 @@ function(loom_add_compile_fail_test file)
     message(FATAL_ERROR "${file}: needs exactly one '// expect-error: <regex>' line")
   endif()
   string(REGEX REPLACE "^// expect-error: " "" regex "${expect}")
+  file(STRINGS "${file}" reject REGEX "^// reject-error: ")
+  string(REGEX REPLACE "^// reject-error: " "" reject_regex "${reject}")
 
   add_library(loom_cf_${name}_twin OBJECT "${file}")
   target_link_libraries(loom_cf_${name}_twin PRIVATE loom::loom loom_warnings)
+  target_include_directories(loom_cf_${name}_twin PRIVATE "${PROJECT_SOURCE_DIR}/tests")
 
   add_library(loom_cf_${name} OBJECT EXCLUDE_FROM_ALL "${file}")
   target_link_libraries(loom_cf_${name} PRIVATE loom::loom)
+  target_include_directories(loom_cf_${name} PRIVATE "${PROJECT_SOURCE_DIR}/tests")
   target_compile_definitions(loom_cf_${name} PRIVATE LOOM_FAIL)
   add_test(NAME compile_fail.${name}
            COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target loom_cf_${name})
@@ -25,6 +31,9 @@ function(loom_add_compile_fail_test file)
     PASS_REGULAR_EXPRESSION "${regex}"
     LABELS compile_fail
     RESOURCE_LOCK loom_build_tree)
+  if(reject_regex)
+    set_tests_properties(compile_fail.${name} PROPERTIES FAIL_REGULAR_EXPRESSION "${reject_regex}")
+  endif()
 endfunction()
 
 # loom_add_header_tests(<target> <include-dir>)

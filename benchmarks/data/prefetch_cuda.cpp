@@ -17,7 +17,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <loom/data/prefetch.hpp>
+#include <loom/device/prefetch.hpp>
 #include <loom/device/cuda.hpp>
 
 namespace {
@@ -65,7 +65,7 @@ Result run(const loom::device::Cuda& cuda, std::vector<at::Tensor>& source, cons
   };
   double total = 0;
   if (prefetch) {
-    auto view = cuda.dataloader_to_device(source, loom::data::NoPrefetch{}, loom::data::Prefetch{1});
+    auto view = cuda.dataloader_to_device(source, loom::device::NoPrefetch{}, loom::device::Prefetch{1});
     epoch(view);  // warm-up
     r.peak_mib.clear();
     for (int e = 0; e < epochs; ++e) total += epoch(view);

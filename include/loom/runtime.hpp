@@ -1,16 +1,20 @@
 #pragma once
 // loom::Runtime<Device, Precision>: the order of a training step's hooks, nothing else.
+// This table and the one in docs/architecture.md are the same; change both together.
 //
-//   setup  d.prepare -> p.convert_module -> d.module_to_device [-> d.optimizer_to_device]
-//   1  batch = rt.to_device(batch)                  every tensor leaf       device/
-//   2  args  = batch::map(args, p.convert_input)    floating leaves         precision/
-//   3  { auto guard = d.precision_context(p);       autocast / dtype scope  precision/
-//   4      out = module->forward(args...); }        user code
-//   5  out = batch::map(out, p.convert_output)      back to default dtype   precision/
-//   6  l = p.pre_backward(loss, module)             loss scaling            precision/
-//   7  p.backward(l, module); p.post_backward(l, module)
-//      [clip: p.clip_gradients(opt, ...)            unscales first           precision/, amp/]
-//   8  applied = p.optimizer_step(opt)              may skip on inf/nan     precision/, amp/
+//   setup     d.prepare -> p.convert_module -> d.module_to_device [-> d.optimizer_to_device]
+//   1         batch = rt.to_device(batch)                every tensor leaf      device/
+//   2         args  = batch::map(args, p.convert_input)  floating leaves        precision/
+//   3         { auto guard = d.precision_context(p);     autocast/dtype scope   precision/
+//   4             out = module->forward(args...); }      user code
+//   5         out = batch::map(out, p.convert_output)    back to default dtype  precision/
+//   6         l = p.pre_backward(loss, module)           loss scaling           precision/
+//   7         p.backward(l, module); p.post_backward(l, module)                 precision/, amp/
+//   unscale   p.unscale_gradients(opt)                   undo loss scaling      precision/, amp/
+//   clip      p.clip_gradients(opt, ...)                 unscales first         precision/
+//   8         applied = p.optimizer_step(opt)            may skip on inf/nan    precision/, amp/
+//   state     d.state_dict, p.state_dict (prefixed)      and load_state_dict    device/, precision/
+//   teardown  p.teardown -> d.teardown                   after the last step    device/, precision/
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -23,38 +27,13 @@
 #include <loom/batch/walk.hpp>
 #include <loom/concepts/device_policy.hpp>
 #include <loom/concepts/precision_policy.hpp>
-#include <loom/detail/diagnostics.hpp>
+#include <loom/detail/families.hpp>
+#include <loom/detail/module.hpp>
+#include <loom/detail/state_merge.hpp>
 #include <loom/error.hpp>
-#include <loom/precision/defaults.hpp>
 #include <loom/state_dict.hpp>
 
 namespace loom {
-
-namespace runtime_detail {
-
-/// The torch::nn::Module behind a module, a ModuleHolder (torch::nn::Linear) or a shared_ptr.
-template <class M>
-torch::nn::Module& as_module(M& module) {
-  if constexpr (std::is_base_of_v<torch::nn::Module, M>) {
-    return module;
-  } else {
-    return *module;  // ModuleHolder and std::shared_ptr both dereference to the module
-  }
-}
-
-/// Calls a module's forward (through a holder or pointer) or any other callable.
-template <class M, class... A>
-decltype(auto) call(M& module, A&&... args) {
-  if constexpr (requires { module->forward(std::forward<A>(args)...); }) {
-    return module->forward(std::forward<A>(args)...);
-  } else if constexpr (requires { module.forward(std::forward<A>(args)...); }) {
-    return module.forward(std::forward<A>(args)...);
-  } else {
-    return module(std::forward<A>(args)...);
-  }
-}
-
-}  // namespace runtime_detail
 
 /// A training runtime: a device policy and a precision policy, called in Lightning Fabric's
 /// order. Stores its policies at no cost (two empty policies make an empty class) and calls
@@ -66,22 +45,15 @@ decltype(auto) call(M& module, A&&... args) {
 ///   rt.backward(loss, model); rt.optimizer_step(optimizer);
 template <class Device, class Precision>
 class Runtime {
-  static constexpr bool swapped = PrecisionPolicy<Device> && DevicePolicy<Precision>;
-  static_assert(!swapped,
-                "loom::Runtime<Device, Precision>: the arguments are swapped; the device "
-                "policy comes first, as in Runtime<loom::Cpu, loom::Fp32>");
-  static_assert(detail::device_diagnostics<
-                    std::conditional_t<swapped, detail::skip_checks, Device>>::value &&
-                    (swapped || DevicePolicy<Device>),
-                "loom::Runtime<Device, Precision>: Device does not model DevicePolicy. "
-                "Common mistake: passing torch::Device; pass a policy such as "
-                "loom::Cpu, which holds one (docs/concepts/device_policy.md)");
-  static_assert(detail::precision_diagnostics<
-                    std::conditional_t<swapped, detail::skip_checks, Precision>>::value &&
-                    (swapped || PrecisionPolicy<Precision>),
-                "loom::Runtime<Device, Precision>: Precision does not model PrecisionPolicy. "
-                "Common mistake: passing an element type such as c10::Half; pass a policy "
-                "such as loom::Fp32 (docs/concepts/precision_policy.md)");
+  // Order first: a policy in the wrong place explains every other failure, so then nothing
+  // else is checked. Then each argument's check (detail/families.hpp): a known mistake gives
+  // its one message, anything else one message per missing row.
+  static constexpr bool in_order = detail::policies_in_order<Device, Precision>();
+  static_assert(in_order,
+                "loom::Runtime: the policy arguments are out of order; the device policy comes "
+                "first, then the precision policy, as in Runtime<loom::Cpu, loom::Fp32>");
+  static_assert(detail::check_policies<in_order>(detail::families{}, static_cast<Device*>(nullptr),
+                                                 static_cast<Precision*>(nullptr)));
 
  public:
   using device_policy = Device;
@@ -109,7 +81,7 @@ class Runtime {
   /// Prepares the device, converts the module's weights, then moves them to the device.
   template <class M>
   void setup(M& module) {
-    torch::nn::Module& m = runtime_detail::as_module(module);
+    torch::nn::Module& m = detail::as_module(module);
     device_.prepare();
     precision_.convert_module(m);
     device_.module_to_device(m);
@@ -120,6 +92,12 @@ class Runtime {
   void setup(M& module, torch::optim::Optimizer& optimizer) {
     setup(module);
     device_.optimizer_to_device(optimizer);
+  }
+
+  /// Moves the optimizer's state to the device: after loading optimizer state into an
+  /// optimizer that setup(module, optimizer) has already seen (a resume).
+  torch::optim::Optimizer& optimizer_to_device(torch::optim::Optimizer& optimizer) {
+    return device_.optimizer_to_device(optimizer);
   }
 
   /// A copy of a (nested) batch with every tensor on the device.
@@ -147,7 +125,7 @@ class Runtime {
     auto out = [&] {
       auto inputs = std::make_tuple(convert_input(args)...);
       [[maybe_unused]] auto guard = forward_context();
-      return std::apply([&](auto&... a) { return runtime_detail::call(module, a...); }, inputs);
+      return std::apply([&](auto&... a) { return detail::call(module, a...); }, inputs);
     }();
     return convert_output(out);
   }
@@ -155,7 +133,7 @@ class Runtime {
   /// pre_backward, backward, post_backward; returns post_backward's (detached) loss.
   template <class M>
   at::Tensor backward(const at::Tensor& loss, M& module) {
-    torch::nn::Module& m = runtime_detail::as_module(module);
+    torch::nn::Module& m = detail::as_module(module);
     at::Tensor l = precision_.pre_backward(loss, m);
     precision_.backward(l, m);
     return precision_.post_backward(l, m);
@@ -173,16 +151,23 @@ class Runtime {
   }
 
   /// Clips the total gradient norm of the optimizer's parameters to `max_norm` (nothing if
-  /// max_norm <= 0) and returns the norm before clipping; unscales first under 16-mixed.
-  double clip_gradients(torch::optim::Optimizer& optimizer, double max_norm, double norm_type = 2.0) {
-    return precision_.clip_gradients(optimizer, max_norm, precision::ClipAlgorithm::norm, norm_type);
+  /// max_norm <= 0) and returns the norm before clipping; unscales first under 16-mixed. When
+  /// a gradient is not finite the norm is nan (a 16-mixed overflow step: the step then skips).
+  double clip_gradients(torch::optim::Optimizer& optimizer, double max_norm,
+                        double norm_type = 2.0) {
+    return precision_.clip_gradients(optimizer, max_norm, precision::ClipAlgorithm::Norm,
+                                     norm_type);
   }
 
   /// Clips every gradient element of the optimizer's parameters to [-value, value] (nothing
   /// if value <= 0); unscales first under 16-mixed.
   void clip_gradients_by_value(torch::optim::Optimizer& optimizer, double value) {
-    precision_.clip_gradients(optimizer, value, precision::ClipAlgorithm::value, 0.0);
+    precision_.clip_gradients(optimizer, value, precision::ClipAlgorithm::Value, 0.0);
   }
+
+  /// The factor the loss is scaled by before backward: the GradScaler's scale under 16-mixed
+  /// (reading it syncs with a CUDA device), 1 for every other precision.
+  double loss_scale() const { return precision_.loss_scale(); }
 
   /// The device's view of a batch source: batches moved, then passed through `fn`.
   template <class Source, class... Fn>
@@ -190,45 +175,27 @@ class Runtime {
     return device_.dataloader_to_device(source, std::move(fn)...);
   }
 
-  /// Both policies' state, keys prefixed "device." and "precision.", plus "precision": the
+  /// Every policy's state, keys prefixed "device." and "precision.", plus "precision": the
   /// precision's name, which load_state_dict checks.
   StateDict state_dict() const {
-    StateDict out;
-    out.emplace("precision", std::string(precision_name()));
-    for (auto& [k, v] : device_.state_dict()) out.emplace("device." + k, v);
-    for (auto& [k, v] : precision_.state_dict()) out.emplace("precision." + k, v);
-    return out;
+    return detail::merge_states(precision_name(), {{"device.", device_.state_dict()},
+                                                   {"precision.", precision_.state_dict()}});
   }
 
-  /// Loads what state_dict() saved; refuses a state saved under another precision.
+  /// Loads what state_dict() saved; refuses a state saved under another precision, or with
+  /// keys no policy owns.
   void load_state_dict(const StateDict& state) {
-    auto name = state.find("precision");
-    if (name == state.end() || !name->second.isString()) {
-      throw Error("loom::Runtime::load_state_dict: the state has no \"precision\" entry; it was "
-                  "not saved by loom::Runtime::state_dict()");
-    }
-    if (name->second.toStringRef() != precision_name()) {
-      throw Error("loom::Runtime::load_state_dict: the state was saved with precision \"" +
-                  name->second.toStringRef() + "\", but this runtime uses \"" +
-                  std::string(precision_name()) + "\"");
-    }
-    StateDict device_state, precision_state;
-    for (auto& [k, v] : state) {
-      if (k == "precision") continue;
-      if (k.starts_with("device.")) {
-        device_state.emplace(k.substr(7), v);
-      } else if (k.starts_with("precision.")) {
-        precision_state.emplace(k.substr(10), v);
-      } else {
-        throw Error("loom::Runtime::load_state_dict: unexpected key \"" + k + "\"");
-      }
-    }
-    device_.load_state_dict(device_state);
-    precision_.load_state_dict(precision_state);
+    auto parts = detail::split_states(state, precision_name(), {"device.", "precision."});
+    device_.load_state_dict(parts[0]);
+    precision_.load_state_dict(parts[1]);
   }
 
-  /// Releases what the precision policy holds.
-  void teardown() { precision_.teardown(); }
+  /// Releases what the policies hold, after the last step: the precision's, then the device's
+  /// (Cuda waits for its work and empties the allocator's cache).
+  void teardown() {
+    precision_.teardown();
+    device_.teardown();
+  }
 
  private:
   [[no_unique_address]] Device device_;

@@ -6,6 +6,7 @@
 // calls train with a loom::Runtime<Device, Precision> for the named pair. Every pair is
 // compiled (2 devices x 6 precisions), so fn must return the same type for all of them.
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include <loom/device/select.hpp>
@@ -14,19 +15,37 @@
 
 namespace loom {
 
+/// What with_runtime builds the policies from: the Cuda device's options (used when the name
+/// selects CUDA) and the precision's (used by the precisions that take options).
+struct RuntimeOptions {
+  device::CudaOptions cuda{};
+  PrecisionOptions precision{};
+};
+
 /// Calls `fn(rt)` with a `Runtime<D, P>` for the device `device_name` selects (see
 /// device::parse_device) and the precision `precision_name` selects (see with_precision),
-/// and returns fn's result. Unknown names throw loom::Error listing the allowed ones; naming
-/// "cuda" without a usable GPU throws loom::Error from Cuda's constructor.
+/// built from `options`, and returns fn's result. Unknown names throw loom::Error listing the
+/// allowed ones; naming "cuda" without a usable GPU throws loom::Error from Cuda's constructor.
 template <class Fn>
-decltype(auto) with_runtime(std::string_view device_name, std::string_view precision_name, Fn&& fn) {
-  device::parse_device(device_name);  // a bad device name fails before a precision warning
-  return device::with_device(device_name, [&](auto device) -> decltype(auto) {
-    return with_precision(precision_name, [&](auto precision) -> decltype(auto) {
-      Runtime<decltype(device), decltype(precision)> rt(std::move(device), std::move(precision));
-      return fn(rt);
-    });
-  });
+decltype(auto) with_runtime(std::string_view device_name, std::string_view precision_name, Fn&& fn,
+                            const RuntimeOptions& options = {}) {
+  const device::Kind kind = device::parse_device(device_name);  // before a precision warning
+  auto run = [&](auto device) -> decltype(auto) {
+    return with_precision(
+        precision_name,
+        [&](auto precision) -> decltype(auto) {
+          Runtime<decltype(device), decltype(precision)> rt(std::move(device),
+                                                            std::move(precision));
+          return fn(rt);
+        },
+        options.precision);
+  };
+  using R = decltype(run(device::Cpu()));
+  static_assert(std::is_same_v<R, decltype(run(device::Cuda()))>,
+                "loom::with_runtime(device, precision, fn): fn must return the same type for "
+                "every device and precision");
+  if (kind == device::Kind::Cuda) return static_cast<R>(run(device::Cuda(options.cuda)));
+  return static_cast<R>(run(device::Cpu()));
 }
 
 }  // namespace loom

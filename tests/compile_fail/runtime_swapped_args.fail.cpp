@@ -1,4 +1,5 @@
-// expect-error: loom::Runtime<Device, Precision>: the arguments are swapped
+// expect-error: loom::Runtime: the policy arguments are out of order; the device policy comes first
+// reject-error: it lacks|Common mistake
 #include <loom/device/cpu.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/runtime.hpp>

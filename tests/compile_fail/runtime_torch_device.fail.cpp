@@ -1,4 +1,5 @@
-// expect-error: Device does not model DevicePolicy. Common mistake: passing torch::Device
+// expect-error: the Device argument is torch::Device \(or c10::DeviceType\), not a device policy. Common mistake
+// reject-error: it lacks
 #include <c10/core/Device.h>
 #include <loom/device/cpu.hpp>
 #include <loom/precision/fp32.hpp>

@@ -22,13 +22,14 @@ struct ThrowingGuard {
   ~ThrowingGuard() noexcept(false) {}
 };
 
+// Row 0 is the move row, which the archetypes do not switch off; every other row must be.
 template <int... K>
 constexpr bool precision_rows_all_required(std::integer_sequence<int, K...>) {
-  return (!PrecisionPolicy<PrecisionArchetype<K>> && ...);
+  return (!PrecisionPolicy<PrecisionArchetype<K + 1>> && ...);
 }
 template <int... K>
 constexpr bool device_rows_all_required(std::integer_sequence<int, K...>) {
-  return (!DevicePolicy<DeviceArchetype<K>> && ...);
+  return (!DevicePolicy<DeviceArchetype<K + 1>> && ...);
 }
 
 struct BadBackend : device::Defaults<BadBackend> {
@@ -41,11 +42,11 @@ struct RuntimeNamedDevice : device::Defaults<RuntimeNamedDevice> {
   static std::string_view name() { return "not constant"; }  // not constexpr
   static constexpr std::string_view ddp_backend() { return "gloo"; }
 };
-struct WrongReturn : precision::Defaults {
+struct WrongReturn : precision::Defaults<WrongReturn> {
   static constexpr std::string_view precision() { return "wrong"; }
   void convert_input(const at::Tensor&) const {}  // must return a tensor
 };
-struct CopyableContext : precision::Defaults {
+struct CopyableContext : precision::Defaults<CopyableContext> {
   static constexpr std::string_view precision() { return "copyable"; }
   CopyableGuard forward_context(c10::DeviceType) const { return {}; }
 };
@@ -71,12 +72,20 @@ TEST_CASE("PrecisionPolicy accepts shipped, minimal and custom policies", "[conc
 
 TEST_CASE("PrecisionPolicy rejects a policy that lacks any one row", "[concepts][precision]") {
   STATIC_REQUIRE(precision_rows_all_required(
-      std::make_integer_sequence<int, loom::testing::p_rows>{}));
+      std::make_integer_sequence<int, loom::testing::p_rows - 1>{}));
+  STATIC_REQUIRE(loom::testing::p_movable == 0);
   // Each row's own check is the one that fails.
-  STATIC_REQUIRE_FALSE(loom::detail::precision_has_convert_module<PrecisionArchetype<testing::p_convert_module>>);
-  STATIC_REQUIRE(loom::detail::precision_has_convert_input<PrecisionArchetype<testing::p_convert_module>>);
-  STATIC_REQUIRE_FALSE(loom::detail::precision_has_optimizer_step<PrecisionArchetype<testing::p_optimizer_step>>);
-  STATIC_REQUIRE_FALSE(loom::detail::precision_has_state_dict<PrecisionArchetype<testing::p_state_dict>>);
+  using testing::p_has_state_dict;
+  using testing::p_precision_has_convert_module;
+  using testing::p_precision_has_optimizer_step;
+  STATIC_REQUIRE_FALSE(
+      loom::detail::precision_has_convert_module<PrecisionArchetype<p_precision_has_convert_module>>);
+  STATIC_REQUIRE(
+      loom::detail::precision_has_convert_input<PrecisionArchetype<p_precision_has_convert_module>>);
+  STATIC_REQUIRE_FALSE(
+      loom::detail::precision_has_optimizer_step<PrecisionArchetype<p_precision_has_optimizer_step>>);
+  STATIC_REQUIRE_FALSE(loom::detail::has_state_dict<PrecisionArchetype<p_has_state_dict>>);
+  STATIC_REQUIRE_FALSE(Checkpointable<PrecisionArchetype<p_has_state_dict>>);
   STATIC_REQUIRE_FALSE(PrecisionPolicy<WrongReturn>);
   STATIC_REQUIRE_FALSE(PrecisionPolicy<CopyableContext>);
   STATIC_REQUIRE_FALSE(PrecisionPolicy<c10::Half>);
@@ -93,12 +102,34 @@ TEST_CASE("DevicePolicy accepts shipped, minimal and custom policies", "[concept
 }
 
 TEST_CASE("DevicePolicy rejects a policy that lacks any one row", "[concepts][device]") {
-  STATIC_REQUIRE(device_rows_all_required(std::make_integer_sequence<int, loom::testing::d_rows>{}));
+  STATIC_REQUIRE(
+      device_rows_all_required(std::make_integer_sequence<int, loom::testing::d_rows - 1>{}));
+  STATIC_REQUIRE(loom::testing::d_movable == 0);
+  STATIC_REQUIRE_FALSE(Checkpointable<DeviceArchetype<testing::d_has_teardown>>);
   STATIC_REQUIRE_FALSE(DevicePolicy<BadBackend>);
   STATIC_REQUIRE_FALSE(loom::detail::device_has_ddp_backend<BadBackend>);
   STATIC_REQUIRE_FALSE(DevicePolicy<RuntimeNamedDevice>);
   STATIC_REQUIRE_FALSE(DevicePolicy<c10::Device>);
   STATIC_REQUIRE_FALSE(DevicePolicy<Fp32>);
+}
+
+TEST_CASE("Checkpointable is shared by both families", "[concepts][checkpointable]") {
+  STATIC_REQUIRE(Checkpointable<Cpu>);
+  STATIC_REQUIRE(Checkpointable<Cuda>);
+  STATIC_REQUIRE(Checkpointable<Fp32>);
+  STATIC_REQUIRE(Checkpointable<Fp16Mixed>);
+  STATIC_REQUIRE_FALSE(Checkpointable<int>);
+}
+
+TEST_CASE("Runtime's order check knows which family each policy belongs to",
+          "[concepts][runtime]") {
+  STATIC_REQUIRE(loom::detail::family_of<Cpu>(loom::detail::families{}) == 0);
+  STATIC_REQUIRE(loom::detail::family_of<Fp32>(loom::detail::families{}) == 1);
+  STATIC_REQUIRE(loom::detail::family_of<c10::Half>(loom::detail::families{}) == -1);
+  STATIC_REQUIRE(loom::detail::policies_in_order<Cpu, Fp32>());
+  STATIC_REQUIRE(loom::detail::policies_in_order<c10::Device, Fp32>());  // a mistake, not disorder
+  STATIC_REQUIRE_FALSE(loom::detail::policies_in_order<Fp32, Cpu>());
+  STATIC_REQUIRE_FALSE(loom::detail::policies_in_order<Cpu, Cpu>());
 }
 
 TEST_CASE("A runtime of two empty policies is an empty class", "[concepts][runtime]") {

@@ -18,14 +18,14 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 
-#include <loom/data/prefetch.hpp>
+#include <loom/device/prefetch.hpp>
 #include <loom/device/cuda.hpp>
 #include <loom/device/select.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/precision/mixed.hpp>
 #include <loom/runtime.hpp>
 
-using loom::data::Prefetch;
+using loom::device::Prefetch;
 using loom::device::Cuda;
 using loom::device::Tf32;
 using Catch::Matchers::Contains;
@@ -179,7 +179,7 @@ TEST_CASE("D12 dataloader_to_device on Cuda: order, count, errors, equal with pr
   CHECK_THROWS_WITH(loop(), "bad batch 3");
   CHECK(seen == 3);
   // Leaving early, then a full epoch.
-  auto good = cuda.dataloader_to_device(source, loom::data::NoPrefetch{}, Prefetch{2});
+  auto good = cuda.dataloader_to_device(source, loom::device::NoPrefetch{}, Prefetch{2});
   for (auto& b : good) {
     if (std::get<2>(b) == 1) break;
   }
@@ -250,7 +250,7 @@ TEST_CASE("A Runtime on Cuda trains and keeps optimizer state on the device", "[
   torch::optim::Adam adam(model->parameters(), 1e-3);
   rt.setup(model, adam);
   auto source = host_batches(3, true);
-  for (auto& [x, ys, i] : rt.dataloader(source, loom::data::NoPrefetch{}, Prefetch{})) {
+  for (auto& [x, ys, i] : rt.dataloader(source, loom::device::NoPrefetch{}, Prefetch{})) {
     (void)ys;
     (void)i;
     auto out = rt.forward(model, x.narrow(1, 0, 16));

@@ -41,7 +41,7 @@ class [[nodiscard]] RecordingGuard {
 };
 
 /// A precision policy that overrides every member and records each call.
-struct RecordingPrecision : precision::Defaults {
+struct RecordingPrecision : precision::Defaults<RecordingPrecision> {
   CallLog* log;
   explicit RecordingPrecision(CallLog* l) : log(l) {}
 
@@ -88,6 +88,11 @@ struct RecordingPrecision : precision::Defaults {
   void load_state_dict(const StateDict& sd) {
     log->add("precision.load_state_dict(" + std::to_string(sd.size()) + ")");
   }
+  void unscale_gradients(torch::optim::Optimizer&) { log->add("unscale_gradients"); }
+  double loss_scale() const {
+    log->add("loss_scale");
+    return 1.0;
+  }
   void teardown() { log->add("teardown"); }
 };
 
@@ -124,6 +129,7 @@ struct RecordingDevice : device::Defaults<RecordingDevice> {
   void load_state_dict(const StateDict& sd) {
     log->add("device.load_state_dict(" + std::to_string(sd.size()) + ")");
   }
+  void teardown() { log->add("device.teardown"); }
 };
 
 }  // namespace loom::testing

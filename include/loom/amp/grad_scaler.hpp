@@ -1,7 +1,7 @@
 #pragma once
 // loom::amp::GradScaler: dynamic loss scaling, a port of torch/amp/grad_scaler.py
-// (precision.md §4). LibTorch has no GradScaler (pt#44710), so the scaler is built here on the
-// two ATen AMP ops (libtorch.md §4):
+// (docs/amp.md). LibTorch has no GradScaler (pytorch/pytorch#44710), so the scaler is built
+// here on the two ATen AMP ops:
 //
 //   scale(loss)   loss * scale                                  scale: f32 0-dim, lazily made
 //   unscale_(o)   grads *= 1/scale, found_inf per device        _amp_foreach_non_finite_check_
@@ -62,7 +62,7 @@ class GradScaler {
  public:
   /// Where an optimizer is in the current iteration; update() sends every optimizer back to
   /// `ready`.
-  enum class Stage { ready, unscaled, stepped };
+  enum class Stage { Ready, Unscaled, Stepped };
 
   /// A scaler with these options; throws loom::Error if they break the requirements.
   explicit GradScaler(GradScalerOptions options = {}) : options_(options) {
@@ -118,17 +118,17 @@ class GradScaler {
     if (!options_.enabled) return;
     require_scale("unscale_");
     auto& state = state_of(optimizer);
-    if (state.stage == Stage::unscaled) {
+    if (state.stage == Stage::Unscaled) {
       throw Error("loom::amp::GradScaler::unscale_: unscale_() has already been called on this "
                   "optimizer since the last update().");
     }
-    if (state.stage == Stage::stepped) {
+    if (state.stage == Stage::Stepped) {
       throw Error("loom::amp::GradScaler::unscale_: unscale_() is being called after step().");
     }
     // The reciprocal in f64, as torch does: f32 division can be imprecise under some flags.
     auto inv_scale = scale_.to(c10::kDouble).reciprocal().to(c10::kFloat);  // () f32
     state.found_inf = unscale_grads(optimizer, inv_scale);
-    state.stage = Stage::unscaled;
+    state.stage = Stage::Unscaled;
   }
 
   /// Unscales (unless unscale_ already ran) and runs `optimizer.step()` only if no gradient
@@ -139,11 +139,11 @@ class GradScaler {
       return true;
     }
     require_scale("step");
-    if (state_of(optimizer).stage == Stage::stepped) {
+    if (state_of(optimizer).stage == Stage::Stepped) {
       throw Error("loom::amp::GradScaler::step: step() has already been called since the last "
                   "update().");
     }
-    if (state_of(optimizer).stage == Stage::ready) unscale_(optimizer);
+    if (state_of(optimizer).stage == Stage::Ready) unscale_(optimizer);
     auto& state = state_of(optimizer);  // unscale_ may have added entries; look up again
     if (state.found_inf.empty()) {
       throw Error("loom::amp::GradScaler::step: No inf checks were recorded for this optimizer.");
@@ -152,7 +152,7 @@ class GradScaler {
     for (const auto& entry : state.found_inf) found += entry.second.item<float>();  // host sync
     const bool applied = found == 0.0;
     if (applied) optimizer.step();
-    state_of(optimizer).stage = Stage::stepped;
+    state_of(optimizer).stage = Stage::Stepped;
     return applied;
   }
 
@@ -232,7 +232,7 @@ class GradScaler {
     for (const auto& entry : per_optimizer_) {
       if (entry.first == &optimizer) return entry.second.stage;
     }
-    return Stage::ready;
+    return Stage::Ready;
   }
 
   /// The options in force: the constructor's, with the values of the last load_state_dict.
@@ -282,7 +282,7 @@ class GradScaler {
 
  private:
   struct OptimizerState {
-    Stage stage = Stage::ready;
+    Stage stage = Stage::Ready;
     std::vector<std::pair<c10::Device, at::Tensor>> found_inf;  // per device: () f32, 0 or >0
   };
 
@@ -417,6 +417,13 @@ class GradScaler {
   at::Tensor scale_;           // () f32, on the first scaled tensor's device
   at::Tensor growth_tracker_;  // () i32, same device
   std::vector<std::pair<const torch::optim::Optimizer*, OptimizerState>> per_optimizer_;
+};
+
+/// A marker base for optimizers that unscale gradients inside their own step (fused AMP
+/// optimizers). loom refuses to clip their gradients under 16-mixed: it would have to
+/// unscale them first, and the optimizer would then unscale them a second time.
+struct SelfUnscalingOptimizer {
+  virtual ~SelfUnscalingOptimizer() = default;
 };
 
 }  // namespace loom::amp

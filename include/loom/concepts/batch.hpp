@@ -1,5 +1,5 @@
 #pragma once
-#include <loom/batch/walk.hpp>
+#include <loom/detail/batch_case.hpp>
 
 namespace loom {
 
@@ -19,6 +19,6 @@ namespace loom {
 /// Models: torch::Tensor, std::tuple<Tensor, Tensor>, torch::data::Example<>, ...
 /// Page: docs/concepts/batch.md
 template <class B>
-concept Batch = batch::is_walkable<B>();
+concept Batch = detail::is_walkable<B>();
 
 }  // namespace loom

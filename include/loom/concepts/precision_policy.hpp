@@ -1,17 +1,22 @@
 #pragma once
-#include <concepts>
+#include <loom/concepts/checkpointable.hpp>
+#include <loom/detail/precision_rows.hpp>
 
-#include <loom/detail/requirements.hpp>
+namespace loom::precision {
+
+/// How clip_gradients limits gradients: each element to [-v, v], or the total norm to v.
+enum class ClipAlgorithm : int { Value, Norm };
+
+}  // namespace loom::precision
 
 namespace loom {
 
-/// What `Runtime`'s second argument must provide: its name, scopes, casts and backward steps.
+/// What `Runtime`'s Precision argument must provide: its name, scopes, casts and backward steps.
 ///
 ///   p: P&  cp: const P&  t: const torch::Tensor&  m: torch::nn::Module&
-///   o: torch::optim::Optimizer&  dt: c10::DeviceType  sd: const StateDict&
-///   v, n: double  a: precision::ClipAlgorithm
+///   o: torch::optim::Optimizer&  dt: c10::DeviceType  v, n: double  a: precision::ClipAlgorithm
 ///
-///   expression               returns                   precision::Defaults does
+///   expression               returns                   precision::Defaults<P> does
 ///   P::precision()           std::string_view, const   (none: each policy names itself)
 ///   p.forward_context(dt)    ScopeGuard                nothing (NullGuard)
 ///   p.tensor_init_context()  ScopeGuard                nothing
@@ -25,11 +30,13 @@ namespace loom {
 ///   p.optimizer_step(o)      bool: the step applied    o.step(); true
 ///   p.main_params(o)         std::vector<Tensor>       every param of every group
 ///   p.unscale_gradients(o)   void                      nothing (no loss scaling)
-///   p.clip_gradients(o, v, a, n)  double               clip main_params; norm or 0
-///   cp.state_dict()          StateDict                 {}
-///   p.load_state_dict(sd)    void                      non-empty sd: loom::Error
-///   p.teardown()             void                      nothing
+///   p.clip_gradients(o, v, a, n)  double               unscale_gradients(o), then clip
+///                                                      main_params(o); the norm, or 0
+///   cp.loss_scale()          double                    1.0 (no loss scaling)
+///   + Checkpointable<P>: state_dict {}, load_state_dict (non-empty: loom::Error), teardown
 ///
+/// Minimal complete definition, on precision::Defaults<P>: `P::precision()`. The defaults
+/// call the policy's own members (CRTP): an overridden main_params is what clip_gradients uses.
 /// dt is the device policy's device type: autocast scopes bind to it, never to a fixed device.
 /// convert_* see one tensor at a time; batch/walk.hpp applies them to nested batches.
 /// Laws: conversions keep shape and device; non-floating tensors come back unchanged; a
@@ -38,14 +45,6 @@ namespace loom {
 /// Page: docs/concepts/precision_policy.md
 template <class P>
 concept PrecisionPolicy =
-    std::move_constructible<P> && detail::precision_has_name<P> &&
-    detail::precision_has_forward_context<P> && detail::precision_has_tensor_init_context<P> &&
-    detail::precision_has_module_init_context<P> && detail::precision_has_convert_module<P> &&
-    detail::precision_has_convert_input<P> && detail::precision_has_convert_output<P> &&
-    detail::precision_has_pre_backward<P> && detail::precision_has_backward<P> &&
-    detail::precision_has_post_backward<P> && detail::precision_has_optimizer_step<P> &&
-    detail::precision_has_main_params<P> && detail::precision_has_unscale_gradients<P> &&
-    detail::precision_has_clip_gradients<P> && detail::precision_has_state_dict<P> &&
-    detail::precision_has_load_state_dict<P> && detail::precision_has_teardown<P>;
+    true LOOM_DETAIL_PRECISION_ROWS(LOOM_DETAIL_ROW_AND, P) && Checkpointable<P>;
 
 }  // namespace loom

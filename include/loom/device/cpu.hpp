@@ -15,3 +15,7 @@ struct Cpu : Defaults<Cpu> {
 };
 
 }  // namespace loom::device
+
+namespace loom {
+using device::Cpu;
+}  // namespace loom

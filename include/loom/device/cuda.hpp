@@ -1,11 +1,9 @@
 #pragma once
-#include <charconv>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <system_error>
 #include <utility>
 
 #include <ATen/Context.h>
@@ -19,8 +17,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
-#include <loom/data/cuda_prefetch.hpp>
-#include <loom/data/prefetch.hpp>
+#include <loom/device/cuda_prefetch.hpp>
+#include <loom/device/prefetch.hpp>
+#include <loom/detail/env.hpp>
 #include <loom/device/defaults.hpp>
 #include <loom/error.hpp>
 #include <loom/state_dict.hpp>
@@ -31,24 +30,12 @@ namespace loom::device {
 /// (cuDNN). The flags are process-global; Unchanged leaves whatever was set before.
 enum class Tf32 { Unchanged, Enabled, Disabled };
 
-namespace cuda_detail {
-
-/// LOCAL_RANK as a device index: 0 when unset; anything but a whole non-negative number is
-/// an error (torchrun sets it; a typo must not silently pick device 0).
-inline c10::DeviceIndex local_rank(const char* text) {
-  if (text == nullptr) return 0;
-  std::string_view s(text);
-  int value = -1;
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-  if (s.empty() || ec != std::errc() || end != s.data() + s.size() || value < 0 ||
-      value > 32767) {
-    throw Error("loom::device::Cuda: LOCAL_RANK is \"" + std::string(s) +
-                "\", not a device index (a whole number >= 0); unset it or pass an index");
-  }
-  return static_cast<c10::DeviceIndex>(value);
-}
-
-}  // namespace cuda_detail
+/// What a Cuda policy is built from: which device, and what to do with TF32. The defaults
+/// give LOCAL_RANK's device (else 0) and leave TF32 as it is.
+struct CudaOptions {
+  std::optional<c10::DeviceIndex> index;
+  Tf32 tf32 = Tf32::Unchanged;
+};
 
 /// One CUDA device: non-blocking copies from pinned memory, the nccl backend, and the
 /// device's RNG as state. Holds its index and its TF32 choice.
@@ -66,8 +53,7 @@ class Cuda : public Defaults<Cuda> {
   /// LOCAL_RANK is not a number, CUDA is not usable, or the index is out of range. Sets the
   /// TF32 flags only when asked to.
   explicit Cuda(std::optional<c10::DeviceIndex> index = {}, Tf32 tf32 = Tf32::Unchanged)
-      : index_(index ? *index : cuda_detail::local_rank(std::getenv("LOCAL_RANK"))),
-        tf32_(tf32) {
+      : index_(index ? *index : local_rank()), tf32_(tf32) {
     const c10::DeviceIndex count = c10::cuda::device_count();
     if (count <= 0) {
       throw Error("loom::device::Cuda: CUDA is not available (no CUDA device or driver was "
@@ -83,6 +69,18 @@ class Cuda : public Defaults<Cuda> {
       at::globalContext().setAllowTF32CuBLAS(on);
       at::globalContext().setAllowTF32CuDNN(on);
     }
+  }
+
+  /// Cuda(options.index, options.tf32).
+  explicit Cuda(const CudaOptions& options) : Cuda(options.index, options.tf32) {}
+
+  /// LOCAL_RANK as a device index: 0 when unset; anything but a whole number >= 0 is an error
+  /// (torchrun sets it; a typo must not silently pick device 0).
+  static c10::DeviceIndex local_rank() {
+    return static_cast<c10::DeviceIndex>(
+        detail::parse_env_index(std::getenv("LOCAL_RANK"), "loom::device::Cuda", "LOCAL_RANK",
+                                32767)
+            .value_or(0));
   }
 
   /// True if this process sees at least one CUDA device; never throws.
@@ -113,12 +111,12 @@ class Cuda : public Defaults<Cuda> {
   using Defaults<Cuda>::dataloader_to_device;
 
   /// A view of `source` whose batches are pinned, copied on a side stream and passed through
-  /// `fn` there by a producer thread, `prefetch.depth` batches ahead (data/cuda_prefetch.hpp).
+  /// `fn` there by a producer thread, `prefetch.depth` batches ahead (device/cuda_prefetch.hpp).
   template <class Source, class Fn>
-  auto dataloader_to_device(Source& source, Fn fn, data::Prefetch prefetch) const {
+  auto dataloader_to_device(Source& source, Fn fn, Prefetch prefetch) const {
     auto move = [self = *this](const at::Tensor& t) { return self.tensor_to_device(t); };
-    using Stage = data::CudaStage<decltype(move)>;
-    return data::PrefetchLoader<Source, Stage, Fn>(source, Stage(index_, std::move(move)),
+    using Stage = CudaStage<decltype(move)>;
+    return PrefetchLoader<Source, Stage, Fn>(source, Stage(index_, std::move(move)),
                                                    std::move(fn), prefetch);
   }
 
@@ -174,3 +172,7 @@ class Cuda : public Defaults<Cuda> {
 };
 
 }  // namespace loom::device
+
+namespace loom {
+using device::Cuda;
+}  // namespace loom

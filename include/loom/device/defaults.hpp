@@ -7,8 +7,8 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
-#include <loom/data/device_loader.hpp>
-#include <loom/data/prefetch.hpp>
+#include <loom/device/loader.hpp>
+#include <loom/device/prefetch.hpp>
 #include <loom/device/optimizer_state.hpp>
 #include <loom/error.hpp>
 #include <loom/state_dict.hpp>
@@ -26,6 +26,9 @@ namespace loom::device {
 /// Empty and non-virtual: a policy without data members stays an empty class.
 template <class Self>
 struct Defaults {
+  /// Names this base for loom::is_default (is_default.hpp).
+  using defaults_type = Defaults;
+
   /// The torch device this policy places tensors on (index 0-less for single-device types).
   c10::Device device() const { return c10::Device(Self::device_type()); }
 
@@ -45,19 +48,19 @@ struct Defaults {
 
   /// A view of `source` whose batches arrive on this device, then pass through `fn`, inline
   /// on the iterating thread (grad mode off while `fn` runs).
-  template <class Source, class Fn = data::NoPrefetch>
+  template <class Source, class Fn = NoPrefetch>
   auto dataloader_to_device(Source& source, Fn fn = {}) const {
     auto move = [self = self()](const at::Tensor& t) { return self.tensor_to_device(t); };
-    return data::DeviceLoader<Source, decltype(move), Fn>(source, std::move(move), std::move(fn));
+    return DeviceLoader<Source, decltype(move), Fn>(source, std::move(move), std::move(fn));
   }
 
   /// The same batches, made by a producer thread `prefetch.depth` batches ahead
-  /// (data/prefetch.hpp): the source, the move and `fn` run there, with grad mode off.
+  /// (device/prefetch.hpp): the source, the move and `fn` run there, with grad mode off.
   template <class Source, class Fn>
-  auto dataloader_to_device(Source& source, Fn fn, data::Prefetch prefetch) const {
+  auto dataloader_to_device(Source& source, Fn fn, Prefetch prefetch) const {
     auto move = [self = self()](const at::Tensor& t) { return self.tensor_to_device(t); };
-    using Stage = data::HostStage<decltype(move)>;
-    return data::PrefetchLoader<Source, Stage, Fn>(source, Stage(std::move(move)), std::move(fn),
+    using Stage = HostStage<decltype(move)>;
+    return PrefetchLoader<Source, Stage, Fn>(source, Stage(std::move(move)), std::move(fn),
                                                    prefetch);
   }
 
@@ -77,6 +80,9 @@ struct Defaults {
                   "state dict holds the key '" + state.begin()->first + "'");
     }
   }
+
+  /// Releases what the device holds at the end of training: nothing here.
+  void teardown() {}
 
  private:
   const Self& self() const { return static_cast<const Self&>(*this); }

@@ -1,5 +1,5 @@
 #pragma once
-// Moving an optimizer's per-parameter state to a device (device.md §4).
+// Moving an optimizer's per-parameter state to a device.
 //
 // LibTorch keeps state in `Optimizer::state()`, keyed by each parameter's TensorImpl, as one
 // OptimizerParamState subclass per optimizer. Every built-in subclass is handled here; other
@@ -23,30 +23,21 @@
 #include <torch/optim/sgd.h>
 
 #include <loom/batch/walk.hpp>
+#include <loom/detail/state_registry.hpp>
 #include <loom/error.hpp>
 
 namespace loom::device {
 
 /// A function that moves every tensor of one parameter's optimizer state to a device.
-using StateMover = std::function<void(torch::optim::OptimizerParamState&, const c10::Device&)>;
+using StateMover = detail::StateMover;
 
-namespace state_detail {
-inline std::mutex& registry_mutex() {
-  static std::mutex m;
-  return m;
-}
-inline std::unordered_map<std::type_index, StateMover>& registry() {
-  static std::unordered_map<std::type_index, StateMover> r;
-  return r;
-}
-}  // namespace state_detail
 
 /// Teaches optimizer_to_device a user optimizer's state type; `move(state, device)` must move
 /// every tensor the state holds. Registering a type again replaces its mover.
 template <class State>
 void register_optimizer_state(std::function<void(State&, const c10::Device&)> move) {
-  std::lock_guard<std::mutex> lock(state_detail::registry_mutex());
-  state_detail::registry()[std::type_index(typeid(State))] =
+  std::lock_guard<std::mutex> lock(detail::registry_mutex());
+  detail::registry()[std::type_index(typeid(State))] =
       [move = std::move(move)](torch::optim::OptimizerParamState& s, const c10::Device& d) {
         move(static_cast<State&>(s), d);
       };
@@ -80,9 +71,9 @@ inline torch::optim::Optimizer& move_optimizer_state(torch::optim::Optimizer& op
     } else {
       StateMover mover;
       {
-        std::lock_guard<std::mutex> lock(state_detail::registry_mutex());
-        auto it = state_detail::registry().find(std::type_index(typeid(*s)));
-        if (it != state_detail::registry().end()) mover = it->second;
+        std::lock_guard<std::mutex> lock(detail::registry_mutex());
+        auto it = detail::registry().find(std::type_index(typeid(*s)));
+        if (it != detail::registry().end()) mover = it->second;
       }
       if (!mover) {
         throw Error(std::string("loom: optimizer_to_device does not know the optimizer state type '") +

@@ -31,19 +31,19 @@ inline Kind parse_device(std::string_view name) {
 
 /// Calls `fn(Cpu{})` or `fn(Cuda{})`, as parse_device(name) selects, and returns its result:
 /// the one place where a run-time name becomes a compile-time policy. Both calls must return
-/// the same type. Cuda is built with its defaults (LOCAL_RANK, TF32 unchanged).
+/// the same type. Cuda is built from `cuda` (by default: LOCAL_RANK's device, TF32 unchanged).
 ///
 ///   return loom::device::with_device(flag, [&](auto device) {
 ///     loom::Runtime<decltype(device), loom::Fp32> rt(device);
 ///     return train(rt);
 ///   });
 template <class F>
-decltype(auto) with_device(std::string_view name, F&& fn) {
+decltype(auto) with_device(std::string_view name, F&& fn, const CudaOptions& cuda = {}) {
   using R = std::invoke_result_t<F&, Cpu>;
   static_assert(std::is_same_v<R, std::invoke_result_t<F&, Cuda>>,
                 "loom::device::with_device(name, fn): fn(loom::Cpu) and fn(loom::Cuda) must "
                 "return the same type (docs/data-path.md)");
-  if (parse_device(name) == Kind::Cuda) return static_cast<R>(fn(Cuda()));
+  if (parse_device(name) == Kind::Cuda) return static_cast<R>(fn(Cuda(cuda)));
   return static_cast<R>(fn(Cpu()));
 }
 

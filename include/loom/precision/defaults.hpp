@@ -1,4 +1,5 @@
 #pragma once
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -7,20 +8,29 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/optimizer.h>
 
+#include <loom/concepts/precision_policy.hpp>
 #include <loom/error.hpp>
 #include <loom/guards.hpp>
 #include <loom/state_dict.hpp>
 
 namespace loom::precision {
 
-/// How clip_gradients limits gradients: each element to [-v, v], or the total norm to v.
-enum class ClipAlgorithm { value, norm };
-
 /// The fp32 behaviour of every PrecisionPolicy member except the name. Empty and non-virtual.
 ///
-/// A policy derives from it and writes only what differs; PrecisionPolicy is still checked
-/// against the derived type, so the whole surface is verified every time.
+/// Self is the policy deriving from it (CRTP). A policy writes only what differs; what it
+/// inherits calls the policy's own members through Self, so an overridden main_params or
+/// unscale_gradients is the one clip_gradients uses. PrecisionPolicy is still checked against
+/// the derived type, so the whole surface is verified every time.
+///
+///   struct PureBf16 : loom::precision::Defaults<PureBf16> {
+///     static constexpr std::string_view precision() { return "pure-bf16"; }
+///     void convert_module(torch::nn::Module& m) const { cast_module(m, c10::kBFloat16); }
+///   };
+template <class Self>
 struct Defaults {
+  /// Names this base for loom::is_default (is_default.hpp).
+  using defaults_type = Defaults;
+
   NullGuard forward_context(c10::DeviceType) const { return {}; }
   NullGuard tensor_init_context() const { return {}; }
   NullGuard module_init_context() const { return {}; }
@@ -51,13 +61,15 @@ struct Defaults {
   /// Makes the gradients true gradients (undoes loss scaling); nothing to undo here.
   void unscale_gradients(torch::optim::Optimizer&) {}
 
-  /// Clips the gradients of main_params(o); `value <= 0` clips nothing. Returns the total
-  /// norm before clipping for ClipAlgorithm::norm, 0 otherwise.
+  /// Unscales (self's unscale_gradients), then clips the gradients of self's main_params(o);
+  /// `value <= 0` clips nothing. Returns the total norm before clipping for
+  /// ClipAlgorithm::Norm (nan or inf when a gradient is not finite), 0 otherwise.
   double clip_gradients(torch::optim::Optimizer& optimizer, double value, ClipAlgorithm algorithm,
                         double norm_type = 2.0) {
     if (value <= 0) return 0.0;
-    auto params = main_params(optimizer);
-    if (algorithm == ClipAlgorithm::value) {
+    self().unscale_gradients(optimizer);
+    auto params = self().main_params(optimizer);
+    if (algorithm == ClipAlgorithm::Value) {
       torch::nn::utils::clip_grad_value_(params, value);
       return 0.0;
     }
@@ -65,14 +77,20 @@ struct Defaults {
                                              /*error_if_nonfinite=*/false);
   }
 
+  /// The factor the loss is multiplied by before backward: 1, no loss scaling.
+  double loss_scale() const { return 1.0; }
+
   StateDict state_dict() const { return {}; }
   void load_state_dict(const StateDict& state) {
     if (!state.empty()) {
-      throw Error("loom: this precision policy has no state, but the state dict holds the key '" +
-                  state.begin()->first + "'");
+      throw Error("loom: the " + std::string(Self::precision()) + " precision has no state, but " +
+                  "the state dict holds the key '" + state.begin()->first + "'");
     }
   }
   void teardown() {}
+
+ private:
+  Self& self() { return static_cast<Self&>(*this); }
 };
 
 }  // namespace loom::precision

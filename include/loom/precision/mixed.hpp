@@ -12,21 +12,11 @@
 
 #include <loom/amp/autocast.hpp>
 #include <loom/amp/grad_scaler.hpp>
+#include <loom/detail/fp16_cpu.hpp>
 #include <loom/detail/meta.hpp>
 #include <loom/error.hpp>
 #include <loom/precision/cast.hpp>
 #include <loom/precision/defaults.hpp>
-
-namespace loom::amp {
-
-/// A marker base for optimizers that unscale gradients inside their own step (fused AMP
-/// optimizers). loom refuses to clip their gradients under 16-mixed: it would have to
-/// unscale them first, and the optimizer would then unscale them a second time.
-struct SelfUnscalingOptimizer {
-  virtual ~SelfUnscalingOptimizer() = default;
-};
-
-}  // namespace loom::amp
 
 namespace loom::precision {
 
@@ -35,18 +25,22 @@ namespace loom::precision {
 /// forward_context is an autocast scope in `Dtype` on the device type the runtime passes,
 /// never a fixed device; convert_input casts floating leaves to `Dtype` (as Fabric does),
 /// convert_output casts them back to the default dtype after the scope has closed.
-template <c10::ScalarType Dtype>
-struct Mixed : Defaults {
+/// Self is the final policy (CRTP, passed on to Defaults).
+template <class Self, c10::ScalarType Dtype>
+struct Mixed : Defaults<Self> {
   /// The dtype autocast computes in.
   static constexpr c10::ScalarType dtype() { return Dtype; }
 
-  amp::AutocastGuard forward_context(c10::DeviceType device) const { return {device, Dtype}; }
+  amp::AutocastGuard forward_context(c10::DeviceType device) const {
+    if constexpr (Dtype == c10::kHalf) detail::warn_if_fp16_on_cpu(Self::precision(), device);
+    return {device, Dtype};
+  }
   at::Tensor convert_input(const at::Tensor& t) const { return cast_floating(t, Dtype); }
   at::Tensor convert_output(const at::Tensor& t) const { return cast_to_default(t); }
 };
 
 /// "bf16-mixed": fp32 weights, bf16 autocast, no loss scaling (bf16 has fp32's range).
-struct Bf16Mixed : Mixed<c10::kBFloat16> {
+struct Bf16Mixed : Mixed<Bf16Mixed, c10::kBFloat16> {
   static constexpr std::string_view precision() { return "bf16-mixed"; }
 
   Bf16Mixed() = default;
@@ -68,8 +62,9 @@ struct Bf16Mixed : Mixed<c10::kBFloat16> {
 /// unscaling or clipping without a backward() through the policy since the last step is an
 /// error: the gradients would not be scaled ones.
 /// On the CPU this is real fp16 autocast with loss scaling: LibTorch 2.x has CPU fp16
-/// autocast, so loom does not fall back to bf16 as Lightning does.
-struct Fp16Mixed : Mixed<c10::kHalf> {
+/// autocast, so loom does not fall back to bf16 as Lightning does; it warns once there, since
+/// fp16 kernels are slow on a CPU (docs/precision.md).
+struct Fp16Mixed : Mixed<Fp16Mixed, c10::kHalf> {
   static constexpr std::string_view precision() { return "16-mixed"; }
 
   Fp16Mixed() = default;
@@ -92,7 +87,7 @@ struct Fp16Mixed : Mixed<c10::kHalf> {
   void unscale_gradients(torch::optim::Optimizer& optimizer) {
     refuse_closure_optimizers(optimizer);
     require_backward("unscale_gradients() or clip_gradients()");
-    if (scaler_.stage(optimizer) == amp::GradScaler::Stage::ready) scaler_.unscale_(optimizer);
+    if (scaler_.stage(optimizer) == amp::GradScaler::Stage::Ready) scaler_.unscale_(optimizer);
   }
 
   double clip_gradients(torch::optim::Optimizer& optimizer, double value, ClipAlgorithm algorithm,
@@ -103,9 +98,11 @@ struct Fp16Mixed : Mixed<c10::kHalf> {
                   "itself (its step would unscale them a second time); clip inside the "
                   "optimizer, or use bf16-mixed");
     }
-    unscale_gradients(optimizer);
-    return Defaults::clip_gradients(optimizer, value, algorithm, norm_type);
+    return Mixed::clip_gradients(optimizer, value, algorithm, norm_type);  // unscales first
   }
+
+  /// The scaler's current scale (reads the scale tensor: a device sync on CUDA).
+  double loss_scale() const { return scaler_.get_scale(); }
 
   StateDict state_dict() const { return scaler_.state_dict(); }
   void load_state_dict(const StateDict& state) { scaler_.load_state_dict(state); }
@@ -136,3 +133,8 @@ struct Fp16Mixed : Mixed<c10::kHalf> {
 };
 
 }  // namespace loom::precision
+
+namespace loom {
+using precision::Bf16Mixed;
+using precision::Fp16Mixed;
+}  // namespace loom

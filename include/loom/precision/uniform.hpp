@@ -4,6 +4,7 @@
 #include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 
+#include <loom/detail/fp16_cpu.hpp>
 #include <loom/guards.hpp>
 #include <loom/precision/cast.hpp>
 #include <loom/precision/defaults.hpp>
@@ -16,12 +17,16 @@ namespace loom::precision {
 /// default dtype and restore the previous one on exit; convert_input casts floating leaves
 /// to `Dtype`; convert_output casts them back to the default dtype, read after the forward
 /// context has closed. No loss scaling, no fp32 master copy: optimizer state is in `Dtype`.
-template <c10::ScalarType Dtype>
-struct Uniform : Defaults {
+/// Self is the final policy (CRTP, passed on to Defaults).
+template <class Self, c10::ScalarType Dtype>
+struct Uniform : Defaults<Self> {
   /// The dtype weights and activations use.
   static constexpr c10::ScalarType dtype() { return Dtype; }
 
-  DefaultDtypeGuard<Dtype> forward_context(c10::DeviceType) const { return {}; }
+  DefaultDtypeGuard<Dtype> forward_context(c10::DeviceType device) const {
+    if constexpr (Dtype == c10::kHalf) detail::warn_if_fp16_on_cpu(Self::precision(), device);
+    return {};
+  }
   DefaultDtypeGuard<Dtype> tensor_init_context() const { return {}; }
   DefaultDtypeGuard<Dtype> module_init_context() const { return {}; }
 

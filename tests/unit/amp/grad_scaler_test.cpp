@@ -141,7 +141,7 @@ TEST_CASE("P21: backward through a scaled loss gives scale x the true gradients"
   CHECK(at::equal(w.grad(), x * 65536.0));
 
   scaler.unscale_(opt);
-  CHECK(scaler.stage(opt) == Stage::unscaled);
+  CHECK(scaler.stage(opt) == Stage::Unscaled);
   CHECK(at::equal(w.grad(), x));  // exact: 65536 is a power of two
   CHECK(scaler.step(opt));
   CHECK(at::allclose(w, at::ones({3}) - 0.1 * x));
@@ -191,14 +191,14 @@ TEST_CASE("P30: an inf or nan gradient skips the step and halves the scale",
       set_grad(b, gb);
 
       CHECK_FALSE(scaler.step(opt));
-      CHECK(scaler.stage(opt) == Stage::stepped);
+      CHECK(scaler.stage(opt) == Stage::Stepped);
       CHECK(at::equal(w, w0));  // the parameters are untouched
       CHECK(at::equal(b, b0));
       CHECK(scaler.get_scale() == 65536.0);  // only update() changes the scale
       scaler.update();
       CHECK(scaler.get_scale() == 32768.0);
       CHECK(scaler.get_growth_tracker() == 0);
-      CHECK(scaler.stage(opt) == Stage::ready);
+      CHECK(scaler.stage(opt) == Stage::Ready);
 
       // The next clean step is applied, unscaled by the new scale.
       set_grad(w, at::full({2, 2}, 32768.0));
@@ -326,7 +326,7 @@ TEST_CASE("P32: misuse raises loom::Error with torch's texts", "[amp][grad_scale
     set_grad(h, at::full({2}, 2.0, at::TensorOptions(at::kHalf)));
     CHECK_THROWS_WITH(scaler.unscale_(half_opt), Contains("Attempting to unscale FP16 gradients."));
     CHECK_THROWS_WITH(scaler.step(half_opt), Contains("Attempting to unscale FP16 gradients."));
-    CHECK(scaler.stage(half_opt) == Stage::ready);
+    CHECK(scaler.stage(half_opt) == Stage::Ready);
     CHECK(at::equal(w.grad(), at::ones({2})));  // nothing was unscaled before the throw
   }
   SECTION("sparse gradients") {
@@ -353,15 +353,15 @@ TEST_CASE("GradScaler stages follow unscale_, step and update", "[amp][grad_scal
   GradScaler scaler;
   auto w = param({2}, 0.0);
   torch::optim::SGD opt({w}, torch::optim::SGDOptions(1.0));
-  CHECK(scaler.stage(opt) == Stage::ready);
+  CHECK(scaler.stage(opt) == Stage::Ready);
   scaler.scale(at::ones({}));
   set_grad(w, at::ones({2}));
   scaler.unscale_(opt);
-  CHECK(scaler.stage(opt) == Stage::unscaled);
+  CHECK(scaler.stage(opt) == Stage::Unscaled);
   scaler.step(opt);
-  CHECK(scaler.stage(opt) == Stage::stepped);
+  CHECK(scaler.stage(opt) == Stage::Stepped);
   scaler.update(1024.0);  // a manual scale also resets every optimizer
-  CHECK(scaler.stage(opt) == Stage::ready);
+  CHECK(scaler.stage(opt) == Stage::Ready);
   CHECK(scaler.get_scale() == 1024.0);
   CHECK(scaler.get_growth_tracker() == 0);
 }
@@ -483,13 +483,13 @@ TEST_CASE("P34: two optimizers skip on their own found_inf and one update combin
     CHECK(scaler.step(opt_b));
     CHECK(at::equal(a, at::ones({2})));
     CHECK(at::equal(b, at::zeros({2})));
-    CHECK(scaler.stage(opt_a) == Stage::stepped);
-    CHECK(scaler.stage(opt_b) == Stage::stepped);
+    CHECK(scaler.stage(opt_a) == Stage::Stepped);
+    CHECK(scaler.stage(opt_b) == Stage::Stepped);
     scaler.update();
     CHECK(scaler.get_scale() == 32768.0);
     CHECK(scaler.get_growth_tracker() == 0);
-    CHECK(scaler.stage(opt_a) == Stage::ready);
-    CHECK(scaler.stage(opt_b) == Stage::ready);
+    CHECK(scaler.stage(opt_a) == Stage::Ready);
+    CHECK(scaler.stage(opt_b) == Stage::Ready);
   }
   SECTION("both overflow: one backoff, not two") {
     set_grad(a, at::full({2}, kNan));
@@ -539,7 +539,7 @@ TEST_CASE("A disabled GradScaler is a plain optimizer step", "[amp][grad_scaler]
   set_grad(w, at::full({2}, 0.5));
   scaler.unscale_(opt);  // no-op
   CHECK(at::equal(w.grad(), at::full({2}, 0.5)));
-  CHECK(scaler.stage(opt) == Stage::ready);
+  CHECK(scaler.stage(opt) == Stage::Ready);
   CHECK(scaler.step(opt));
   CHECK(at::equal(w, at::full({2}, 0.5)));
   CHECK(scaler.step(opt));  // no stage tracking, so no "step twice" error
@@ -570,12 +570,12 @@ TEST_CASE("Copies of a GradScaler own their scale", "[amp][grad_scaler]") {
   scaler.unscale_(opt);
 
   GradScaler copy = scaler;
-  CHECK(copy.stage(opt) == Stage::unscaled);
+  CHECK(copy.stage(opt) == Stage::Unscaled);
   scaler.step(opt);
   scaler.update();
   CHECK(scaler.get_scale() == 128.0);
   CHECK(copy.get_scale() == 64.0);
-  CHECK(copy.stage(opt) == Stage::unscaled);
+  CHECK(copy.stage(opt) == Stage::Unscaled);
 
   GradScaler assigned;
   assigned = copy;

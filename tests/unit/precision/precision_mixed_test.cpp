@@ -187,7 +187,7 @@ TEST_CASE("Fp16Mixed scales the loss once, steps and updates once (P21, P22)",
   CHECK(scale == 65536.0);
   CHECK(model->weight.grad().allclose(twin->weight.grad() * scale));  // grads = scale x true
   CHECK(rt.optimizer_step(opt));
-  CHECK(rt.precision().scaler().stage(opt) == amp::GradScaler::Stage::ready);  // updated once
+  CHECK(rt.precision().scaler().stage(opt) == amp::GradScaler::Stage::Ready);  // updated once
   CHECK(rt.precision().scaler().get_growth_tracker() == 1);
   // The step used the unscaled gradients.
   auto expected = twin->weight.detach() - 0.1 * twin->weight.grad();
@@ -257,14 +257,14 @@ TEST_CASE("16-mixed clipping unscales first, once, and refuses self-unscaling op
   rt.backward((model->forward(at::full({1, 2}, 3.0)) * 4).sum(), model);
   CHECK(model->weight.grad().equal(at::full({1, 2}, 12.0 * 1024)));  // scaled after backward
   rt.unscale_gradients(opt);
-  CHECK(rt.precision().scaler().stage(opt) == amp::GradScaler::Stage::unscaled);
+  CHECK(rt.precision().scaler().stage(opt) == amp::GradScaler::Stage::Unscaled);
   CHECK(model->weight.grad().equal(at::full({1, 2}, 12.0)));  // true grads
   rt.clip_gradients_by_value(opt, 5.0);                        // no second unscale
   CHECK(model->weight.grad().equal(at::full({1, 2}, 5.0)));
   rt.clip_gradients_by_value(opt, 5.0);                        // clipping twice is safe
   CHECK(rt.optimizer_step(opt));
   CHECK(model->weight.equal(at::full({1, 2}, 1.0 - 0.1 * 5.0)));
-  CHECK_THROWS_WITH(rt.precision().clip_gradients(opt, 1.0, precision::ClipAlgorithm::norm),
+  CHECK_THROWS_WITH(rt.precision().clip_gradients(opt, 1.0, precision::ClipAlgorithm::Norm),
                     Catch::Contains("needs a backward() through the runtime"));
   CHECK_THROWS_WITH(rt.optimizer_step(opt), Catch::Contains("needs a backward() through the runtime"));
 

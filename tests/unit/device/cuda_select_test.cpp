@@ -32,7 +32,7 @@ TEST_CASE("Cuda is a DevicePolicy with constant names", "[device][cuda]") {
   STATIC_REQUIRE(sizeof(loom::Runtime<Cuda, Fp32>) > 0);
   // The prefetching view over a vector of batches type-checks (it runs in tests/gpu).
   using View = decltype(std::declval<const Cuda&>().dataloader_to_device(
-      std::declval<std::vector<at::Tensor>&>(), loom::data::NoPrefetch{}, loom::data::Prefetch{}));
+      std::declval<std::vector<at::Tensor>&>(), loom::device::NoPrefetch{}, loom::device::Prefetch{}));
   STATIC_REQUIRE(std::ranges::input_range<View>);
   STATIC_REQUIRE(std::is_same_v<std::ranges::range_value_t<View>, at::Tensor>);
 }
@@ -49,13 +49,19 @@ TEST_CASE("Cuda::is_available agrees with torch, and construction follows it", "
 }
 
 TEST_CASE("LOCAL_RANK must be a whole number", "[device][cuda]") {
-  using loom::device::cuda_detail::local_rank;
-  CHECK(local_rank(nullptr) == 0);
-  CHECK(local_rank("0") == 0);
-  CHECK(local_rank("3") == 3);
+  using loom::device::Cuda;
+  {
+    EnvGuard unset("LOCAL_RANK", nullptr);
+    CHECK(Cuda::local_rank() == 0);
+  }
+  for (auto [text, index] : {std::pair{"0", 0}, std::pair{"3", 3}}) {
+    EnvGuard env("LOCAL_RANK", text);
+    CHECK(Cuda::local_rank() == index);
+  }
   for (const char* bad : {"", "x", "1x", " 1", "-1", "1.0", "99999999999"}) {
     CAPTURE(bad);
-    CHECK_THROWS_WITH(local_rank(bad), Contains("LOCAL_RANK is \"" + std::string(bad) + "\""));
+    EnvGuard env("LOCAL_RANK", bad);
+    CHECK_THROWS_WITH(Cuda::local_rank(), Contains("LOCAL_RANK is \"" + std::string(bad) + "\""));
   }
   // The constructor reads it before it looks for a device, so the message is the same here.
   EnvGuard env("LOCAL_RANK", "two");

@@ -1,4 +1,4 @@
-// data::PrefetchLoader on the CPU: the producer thread, its bound, errors, stopping and
+// device::PrefetchLoader on the CPU: the producer thread, its bound, errors, stopping and
 // restarting, nested batches, and equality with the inline path (device.md §5, D12).
 // Catch2 is not thread-safe: prefetch functions only record into atomics or locked vectors,
 // and the checks run on the test's own thread.
@@ -22,12 +22,12 @@
 #include <torch/data/samplers/sequential.h>
 #include <torch/data/transforms/stack.h>
 
-#include <loom/data/prefetch.hpp>
+#include <loom/device/prefetch.hpp>
 #include <loom/device/cpu.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/runtime.hpp>
 
-using loom::data::Prefetch;
+using loom::device::Prefetch;
 using loom::device::Cpu;
 using loom::precision::Fp32;
 using namespace std::chrono_literals;
@@ -107,7 +107,7 @@ TEST_CASE("Prefetch runs no more than depth batches ahead", "[data][prefetch]") 
     const int n = 8;
     Source source(n);
     auto src = source.view();
-    auto view = Cpu().dataloader_to_device(src, loom::data::NoPrefetch{}, Prefetch{depth});
+    auto view = Cpu().dataloader_to_device(src, loom::device::NoPrefetch{}, Prefetch{depth});
     int i = 0;
     std::vector<int> made_while_holding;
     for (auto& b : view) {
@@ -134,7 +134,7 @@ TEST_CASE("Prefetch rethrows a source error at the batch where it happened", "[d
     CAPTURE(at);
     Source source(6, at);
     auto src = source.view();
-    auto view = Cpu().dataloader_to_device(src, loom::data::NoPrefetch{}, Prefetch{});
+    auto view = Cpu().dataloader_to_device(src, loom::device::NoPrefetch{}, Prefetch{});
     std::vector<int> seen;
     auto loop = [&] {
       for (auto& b : view) seen.push_back(std::get<1>(b));
@@ -169,7 +169,7 @@ TEST_CASE("Prefetch rethrows a prefetch_fn error at its batch", "[data][prefetch
 TEST_CASE("Leaving the loop early stops the producer", "[data][prefetch]") {
   Source source(1000, -1, 2ms);
   auto src = source.view();
-  auto view = Cpu().dataloader_to_device(src, loom::data::NoPrefetch{}, Prefetch{1});
+  auto view = Cpu().dataloader_to_device(src, loom::device::NoPrefetch{}, Prefetch{1});
   auto start = std::chrono::steady_clock::now();
   int n = 0;
   for (auto& b : view) {
@@ -186,10 +186,10 @@ TEST_CASE("Leaving the loop early stops the producer", "[data][prefetch]") {
 TEST_CASE("Destroying the view mid-epoch stops and joins the producer", "[data][prefetch]") {
   Source source(1000, -1, 1ms);
   auto src = source.view();
-  using View = decltype(Cpu().dataloader_to_device(src, loom::data::NoPrefetch{},
+  using View = decltype(Cpu().dataloader_to_device(src, loom::device::NoPrefetch{},
                                                          Prefetch{2}));
   std::optional<View> view(
-      Cpu().dataloader_to_device(src, loom::data::NoPrefetch{}, Prefetch{2}));
+      Cpu().dataloader_to_device(src, loom::device::NoPrefetch{}, Prefetch{2}));
   auto it = view->begin();
   ++it;
   view.reset();  // the iterator outlives its view
@@ -204,7 +204,7 @@ TEST_CASE("Destroying the view mid-epoch stops and joins the producer", "[data][
 TEST_CASE("begin() again starts a new epoch from the first batch", "[data][prefetch]") {
   Source source(5);
   auto src = source.view();
-  auto view = Cpu().dataloader_to_device(src, loom::data::NoPrefetch{}, Prefetch{});
+  auto view = Cpu().dataloader_to_device(src, loom::device::NoPrefetch{}, Prefetch{});
   {
     auto it = view.begin();
     ++it;
@@ -273,7 +273,7 @@ TEST_CASE("Prefetch wraps a torch::data loader through Runtime::dataloader", "[d
         std::move(dataset), torch::data::samplers::SequentialSampler(10),
         torch::data::DataLoaderOptions(4).workers(workers));
     loom::Runtime<Cpu, Fp32> rt;
-    auto view = rt.dataloader(*loader, loom::data::NoPrefetch{}, Prefetch{});
+    auto view = rt.dataloader(*loader, loom::device::NoPrefetch{}, Prefetch{});
     for (int epoch = 0; epoch < 2; ++epoch) {
       std::vector<int64_t> sizes;
       float sum = 0;
@@ -290,11 +290,11 @@ TEST_CASE("Prefetch wraps a torch::data loader through Runtime::dataloader", "[d
 TEST_CASE("Prefetch depth is 1 or 2", "[data][prefetch]") {
   std::vector<at::Tensor> source{at::ones({1})};
   Cpu cpu;
-  CHECK_THROWS_WITH(cpu.dataloader_to_device(source, loom::data::NoPrefetch{}, Prefetch{0}),
+  CHECK_THROWS_WITH(cpu.dataloader_to_device(source, loom::device::NoPrefetch{}, Prefetch{0}),
                     Catch::Matchers::Contains("depth must be 1 or 2, not 0"));
-  CHECK_THROWS_AS(cpu.dataloader_to_device(source, loom::data::NoPrefetch{}, Prefetch{3}),
+  CHECK_THROWS_AS(cpu.dataloader_to_device(source, loom::device::NoPrefetch{}, Prefetch{3}),
                   loom::Error);
-  auto view = cpu.dataloader_to_device(source, loom::data::NoPrefetch{}, Prefetch{2});
+  auto view = cpu.dataloader_to_device(source, loom::device::NoPrefetch{}, Prefetch{2});
   CHECK(view.depth() == 2);
   auto moved = std::move(view);  // the view is movable, even between epochs
   std::size_t n = 0;
@@ -304,6 +304,6 @@ TEST_CASE("Prefetch depth is 1 or 2", "[data][prefetch]") {
 
 TEST_CASE("An empty source yields nothing", "[data][prefetch]") {
   std::vector<at::Tensor> source;
-  auto view = Cpu().dataloader_to_device(source, loom::data::NoPrefetch{}, Prefetch{});
+  auto view = Cpu().dataloader_to_device(source, loom::device::NoPrefetch{}, Prefetch{});
   CHECK(view.begin() == std::default_sentinel);
 }

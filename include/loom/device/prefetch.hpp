@@ -12,7 +12,7 @@
 // only when there is room for it, so at most `depth` batches are fetched and not yet handed
 // out (the one the consumer holds not counted). A Stage says how a batch reaches the device:
 // HostStage below for devices whose moves need no synchronisation (Cpu), CudaStage in
-// data/cuda_prefetch.hpp (a side stream and an event). Page: docs/data-path.md
+// device/cuda_prefetch.hpp (a side stream and an event). Page: docs/data-path.md
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -32,7 +32,7 @@
 #include <loom/batch/walk.hpp>
 #include <loom/error.hpp>
 
-namespace loom::data {
+namespace loom::device {
 
 /// Asks dataloader_to_device for a producer thread that runs `depth` batches ahead.
 ///
@@ -100,7 +100,7 @@ class PrefetchLoader {
       : shared_(std::make_shared<Shared>(Shared{&source, std::move(stage), std::move(fn)})),
         depth_(prefetch.depth) {
     if (depth_ < 1 || depth_ > 2) {
-      throw Error("loom::data::Prefetch: depth must be 1 or 2, not " + std::to_string(depth_));
+      throw Error("loom::Prefetch: depth must be 1 or 2, not " + std::to_string(depth_));
     }
   }
   PrefetchLoader(PrefetchLoader&&) noexcept = default;
@@ -287,4 +287,4 @@ class PrefetchLoader {
   std::weak_ptr<Epoch> epoch_;
 };
 
-}  // namespace loom::data
+}  // namespace loom::device

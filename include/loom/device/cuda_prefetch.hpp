@@ -1,5 +1,5 @@
 #pragma once
-// How a batch reaches a CUDA device on PrefetchLoader's producer thread (data/prefetch.hpp):
+// How a batch reaches a CUDA device on PrefetchLoader's producer thread (device/prefetch.hpp):
 //
 //   producer thread (CUDAGuard: this device; grad off)       consumer thread
 //   pin every pageable host leaf (pin_memory)
@@ -11,7 +11,7 @@
 //     record_stream(consumer) on every CUDA leaf
 //     event.record(side)                                    take(): event.block(current stream)
 //
-// Lifetimes (libtorch.md §9): the yielded tensors were allocated on the side stream and are
+// Lifetimes: the yielded tensors were allocated on the side stream and are
 // handed to user code, whose lifetimes loom does not own, so each CUDA leaf is marked used on
 // the consumer stream (the one current when begin() was called): when the last reference
 // goes, the caching allocator reuses the block only after the consumer stream's work queued
@@ -29,7 +29,7 @@
 
 #include <loom/batch/walk.hpp>
 
-namespace loom::data {
+namespace loom::device {
 
 /// A PrefetchLoader stage that copies on a side stream and hands batches out behind an event.
 template <class Move>
@@ -100,4 +100,4 @@ class CudaStage {
   std::optional<c10::cuda::CUDAStream> side_;
 };
 
-}  // namespace loom::data
+}  // namespace loom::device

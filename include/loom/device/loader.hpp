@@ -13,7 +13,7 @@
 
 #include <loom/batch/walk.hpp>
 
-namespace loom::data {
+namespace loom::device {
 
 /// Applies nothing: the prefetch function used when none is given.
 struct NoPrefetch {
@@ -24,7 +24,7 @@ struct NoPrefetch {
 };
 
 /// Yields `fn(batch::map(b, move))` for every batch b of `source`, in order, inline on the
-/// iterating thread, with grad mode off while `fn` runs. data/prefetch.hpp has the threaded twin.
+/// iterating thread, with grad mode off while `fn` runs. device/prefetch.hpp has the threaded twin.
 ///
 /// Source is any range whose iterators dereference to a batch (`torch::data` loaders included:
 /// pass `*loader`). The view holds a reference: the source must outlive it.
@@ -87,4 +87,4 @@ class DeviceLoader {
   std::optional<source_sentinel> end_;
 };
 
-}  // namespace loom::data
+}  // namespace loom::device
