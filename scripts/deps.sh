@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what loom needs and is missing; safe to run again (each step checks first).
-#   OS packages: cmake, ninja, g++, ccache, Catch2 2.x, Boost 1.81 (Hana), Google Benchmark,
-#                Fashion-MNIST (for the quick-start example).
+#   OS packages: cmake, ninja, g++, clang-14 (the second compiler), clang-format, ccache,
+#                Catch2 2.x, Boost 1.81 (Hana), CLI11 (the examples' command lines), Google
+#                Benchmark, Doxygen (the API reference), Fashion-MNIST (the quick-start example).
 #   Python:      a virtual environment with the pinned torch wheel, outside the repository,
 #                at $LOOM_VENV (default $LOOM_HOME/torch-<version>, LOOM_HOME=$HOME/.cache/loom).
 # Prints the virtual environment's path on its last line.
@@ -14,8 +15,8 @@ LOOM_VENV=${LOOM_VENV:-$LOOM_HOME/torch-$LOOM_TORCH_VERSION}
 
 log() { echo "[loom deps] $*" >&2; }
 
-os_packages=(cmake ninja-build g++ ccache gzip python3-venv catch2 libboost1.81-dev libbenchmark-dev
-             dataset-fashion-mnist)
+os_packages=(cmake ninja-build g++ clang-14 libclang-rt-14-dev clang-format-14 ccache gzip python3-venv
+             catch2 libboost1.81-dev libcli11-dev libbenchmark-dev doxygen dataset-fashion-mnist)
 missing=()
 for p in "${os_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,7 +1,55 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds loom's tests and examples, and runs the whole CPU suite
-# through ctest (tests labelled gpu need a GPU and are left out).
+# The test suite, as CI runs it (.ci/run): installs what is missing, checks the formatting
+# (scripts/check-format.sh), then builds every test, example and header check and runs them
+# through ctest (the tests labelled gpu need a GPU and are left out), once with GCC 12 in
+# $LOOM_BUILD_DIR (default build/) and once with Clang 14 in $LOOM_BUILD_DIR-clang, both with
+# -DLOOM_WERROR=ON and ccache. Extra arguments go to both ctest runs (e.g. -L install).
+# Every step runs even when an earlier one fails; the last line sums them up, and the exit
+# status is 0 only when all passed.
+#   LOOM_GCC, LOOM_CLANG  the two compilers (default g++-12, clang++-14)    JOBS  (default nproc)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-loom_configure
-cmake --build "$LOOM_BUILD_DIR" -j "$JOBS"
-ctest --test-dir "$LOOM_BUILD_DIR" --output-on-failure -j "$JOBS" -LE gpu "$@"
+start=$SECONDS
+status=0
+summary=()
+loom_deps
+
+if bash "$LOOM_ROOT/scripts/check-format.sh"; then
+  summary+=("format ok")
+else
+  summary+=("format FAILED")
+  status=1
+fi
+
+# suite <name> <compiler> <build-dir> [ctest args]
+suite() {
+  local name=$1 cxx=$2 dir=$3 t0=$SECONDS
+  shift 3
+  echo "[loom] $name: $cxx in $dir" >&2
+  if ! LOOM_CXX=$cxx loom_configure_dir "$dir"; then
+    summary+=("$name: configure FAILED")
+    status=1
+    return
+  fi
+  if ! cmake --build "$dir" -j "$JOBS"; then
+    summary+=("$name: build FAILED")
+    status=1
+    return
+  fi
+  local result=ok
+  ctest --test-dir "$dir" --output-on-failure -j "$JOBS" -LE gpu "$@" 2>&1 | tee "$dir/ctest.log" ||
+    { result=FAILED; status=1; }
+  local counts
+  counts=$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$dir/ctest.log" |
+             tail -n 1 || true)
+  summary+=("$name: ctest $result${counts:+ ($counts)} in $((SECONDS - t0)) s")
+}
+
+suite gcc "${LOOM_GCC:-g++-12}" "$LOOM_BUILD_DIR" "$@"
+suite clang "${LOOM_CLANG:-clang++-14}" "$LOOM_BUILD_DIR-clang" "$@"
+
+verdict=PASSED
+[ "$status" = 0 ] || verdict=FAILED
+elapsed=$((SECONDS - start))
+summary_line=$(printf '%s; ' "${summary[@]}")
+echo "[loom] test.sh $verdict in $((elapsed / 60)) min $((elapsed % 60)) s: ${summary_line%; }"
+exit "$status"

@@ -1,32 +1,88 @@
-# Builds and runs tests/install/consumer against loom, as a user's project would.
-#   MODE=find_package:     install loom into WORK_DIR/prefix, then find_package(loom)
-#   MODE=add_subdirectory: the consumer adds loom's source tree
+# Uses loom as a project would: cmake -P run_consumer.cmake with
+#   MODE=find_package      install loom (from LOOM_BINARY_DIR) into WORK_DIR/prefix; the consumer
+#                          finds Torch through Torch_DIR, then loom; build and run it
+#   MODE=wheel             the same install; the consumer includes LoomTorchWheel.cmake from it,
+#                          which finds the wheel in LOOM_VENV (no Torch_DIR); build and run it
+#   MODE=add_subdirectory  the consumer adds LOOM_SOURCE_DIR; build and run it
+#   MODE=no_torch          the same install; find_package(loom QUIET) where find_package cannot
+#                          find Torch (Torch_DIR=/nonexistent, nothing but loom on
+#                          CMAKE_PREFIX_PATH) although the wheel lies where LoomTorchWheel.cmake
+#                          would look (LOOM_VENV, ~/.cache/loom): the package config must not
+#                          look there; configure only
+#   MODE=standalone        configure LOOM_SOURCE_DIR alone with tests and examples off and Catch2
+#                          and CLI11 unfindable, build, install into WORK_DIR/prefix, check it
+# Also: GENERATOR, CXX_COMPILER, COMPILER_LAUNCHER, Torch_DIR, LOOM_VENV, LOOM_TORCH_VERSION.
 file(REMOVE_RECURSE "${WORK_DIR}")
-set(args -G "${GENERATOR}" -DCMAKE_BUILD_TYPE=Release -DTorch_DIR=${Torch_DIR}
-         -DCMAKE_CXX_COMPILER_LAUNCHER=${COMPILER_LAUNCHER})
-if(MODE STREQUAL "find_package")
-  execute_process(COMMAND ${CMAKE_COMMAND} --install "${LOOM_BINARY_DIR}" --prefix "${WORK_DIR}/prefix"
-                  RESULT_VARIABLE rc OUTPUT_QUIET)
+set(prefix "${WORK_DIR}/prefix")
+set(common -G "${GENERATOR}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
+if(COMPILER_LAUNCHER)
+  list(APPEND common -DCMAKE_CXX_COMPILER_LAUNCHER=${COMPILER_LAUNCHER})
+endif()
+# Nothing from the caller's environment may point find_package at Torch.
+set(clean_env ${CMAKE_COMMAND} -E env --unset=CMAKE_PREFIX_PATH --unset=Torch_DIR
+              --unset=Torch_ROOT --unset=TORCH_ROOT --unset=LOOM_VENV --unset=LOOM_HOME)
+
+function(run what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "installing loom failed")
+    message(FATAL_ERROR "${what} failed:\n${out}\n${err}")
   endif()
-  list(APPEND args -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCONSUMER_MODE=find_package)
+  set(out "${out}${err}" PARENT_SCOPE)
+endfunction()
+
+if(MODE STREQUAL "standalone")
+  run("configuring loom" ${CMAKE_COMMAND} -S "${LOOM_SOURCE_DIR}" -B "${WORK_DIR}/build" ${common}
+      -DTorch_DIR=${Torch_DIR} -DLOOM_BUILD_TESTS=OFF -DLOOM_BUILD_EXAMPLES=OFF
+      -DCMAKE_DISABLE_FIND_PACKAGE_Catch2=ON -DCMAKE_DISABLE_FIND_PACKAGE_CLI11=ON)
+  run("building loom" ${CMAKE_COMMAND} --build "${WORK_DIR}/build")
+  run("installing loom" ${CMAKE_COMMAND} --install "${WORK_DIR}/build" --prefix "${prefix}")
+  foreach(f include/loom/loom.hpp share/cmake/loom/loomConfig.cmake
+            share/cmake/loom/loomConfigVersion.cmake share/cmake/loom/loomTargets.cmake
+            share/cmake/loom/LoomTorchWheel.cmake)
+    if(NOT EXISTS "${prefix}/${f}")
+      message(FATAL_ERROR "the install lacks ${f}")
+    endif()
+  endforeach()
+  file(GLOB_RECURSE files "${prefix}/*")
+  list(LENGTH files n)
+  message("install: loom installed ${n} files without Catch2 and CLI11")
+  return()
+endif()
+
+if(MODE STREQUAL "add_subdirectory")
+  set(args -DCONSUMER_MODE=add_subdirectory -DLOOM_SOURCE_DIR=${LOOM_SOURCE_DIR}
+           -DTorch_DIR=${Torch_DIR})
 else()
-  list(APPEND args -DLOOM_SOURCE_DIR=${LOOM_SOURCE_DIR} -DCONSUMER_MODE=add_subdirectory)
+  run("installing loom" ${CMAKE_COMMAND} --install "${LOOM_BINARY_DIR}" --prefix "${prefix}")
+  set(args -DCONSUMER_MODE=${MODE} -DCMAKE_PREFIX_PATH=${prefix})
+  if(MODE STREQUAL "find_package")
+    list(APPEND args -DTorch_DIR=${Torch_DIR})
+  elseif(MODE STREQUAL "wheel")
+    list(APPEND args -DLOOM_CMAKE_DIR=${prefix}/share/cmake/loom
+                     -DLOOM_TORCH_VERSION=${LOOM_TORCH_VERSION})
+    if(LOOM_VENV)
+      set(clean_env ${clean_env} LOOM_VENV=${LOOM_VENV})
+    endif()
+  elseif(MODE STREQUAL "no_torch")
+    list(APPEND args -DTorch_DIR=/nonexistent)
+    if(LOOM_VENV)
+      set(clean_env ${clean_env} LOOM_VENV=${LOOM_VENV})
+    endif()
+  else()
+    message(FATAL_ERROR "MODE: find_package, wheel, add_subdirectory, no_torch or standalone")
+  endif()
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} -S "${CMAKE_CURRENT_LIST_DIR}/consumer" -B "${WORK_DIR}/build" ${args}
-                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "configuring the consumer failed:\n${out}\n${err}")
+
+run("configuring the consumer" ${clean_env} ${CMAKE_COMMAND}
+    -S "${CMAKE_CURRENT_LIST_DIR}/consumer" -B "${WORK_DIR}/build" ${common} ${args})
+if(MODE STREQUAL "no_torch")
+  string(REGEX MATCH "consumer: loom_FOUND is [a-z]+" found "${out}")
+  message("${found}")
+  return()
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build "${WORK_DIR}/build" RESULT_VARIABLE rc
-                OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "building the consumer failed:\n${out}\n${err}")
+if(MODE STREQUAL "wheel" AND NOT out MATCHES "loom: LibTorch from the torch wheel in ")
+  message(FATAL_ERROR "LoomTorchWheel.cmake did not find the wheel itself:\n${out}")
 endif()
-execute_process(COMMAND "${WORK_DIR}/build/consumer" RESULT_VARIABLE rc OUTPUT_VARIABLE out
-                ERROR_VARIABLE err)
-message("${out}${err}")
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "the consumer failed")
-endif()
+run("building the consumer" ${CMAKE_COMMAND} --build "${WORK_DIR}/build")
+run("the consumer" "${WORK_DIR}/build/consumer")
+message("${out}")
