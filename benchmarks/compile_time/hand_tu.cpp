@@ -6,6 +6,7 @@
 
 #include "torch_headers.hpp"  // every <torch/...>, <ATen/...>, <c10/...> header loom includes
 
+#include "../common/hand_step.hpp"
 #include "common_model.hpp"
 
 namespace F = torch::nn::functional;
@@ -35,9 +36,7 @@ at::Tensor hand_true(c10::Device dev, c10::ScalarType dt, torch::nn::Sequential&
 }
 
 // bf16-mixed, 16-mixed (scaled)
-struct HandScale {
-  at::Tensor scale, growth;
-};
+using HandScale = hand::Scale;
 
 at::Tensor hand_mixed(c10::Device dev, c10::ScalarType dt, bool scaled, HandScale& s,
                       torch::nn::Sequential& model, torch::optim::SGD& opt, const at::Tensor& xb,
@@ -68,19 +67,7 @@ at::Tensor hand_mixed(c10::Device dev, c10::ScalarType dt, bool scaled, HandScal
       s.scale = at::full({}, 65536.0, at::TensorOptions().dtype(at::kFloat).device(dev));
       s.growth = at::zeros({}, at::TensorOptions().dtype(at::kInt).device(dev));
     }
-    (loss * s.scale).backward();
-    auto inv = s.scale.to(at::kDouble).reciprocal().to(at::kFloat);
-    auto found_inf = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(dev));
-    std::vector<at::Tensor> grads;
-    for (auto& p : model->parameters()) {
-      if (p.grad().defined()) grads.push_back(p.grad());
-    }
-    {
-      at::NoGradGuard no_grad;
-      at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv);
-    }
-    if (found_inf.item<float>() == 0.0f) opt.step();
-    at::_amp_update_scale_(s.scale, s.growth, found_inf, 2.0, 0.5, 2000);
+    hand::scaled_backward_and_step(loss, *model, opt, s);
   }
   opt.zero_grad();
   return loss.detach();

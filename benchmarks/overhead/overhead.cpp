@@ -47,6 +47,7 @@
 
 #include <loom/loom.hpp>
 
+#include "../common/hand_step.hpp"
 #include "virtual_plugins.hpp"
 
 namespace {
@@ -119,9 +120,8 @@ at::Tensor hand_true(Mlp& model, torch::optim::SGD& opt, const at::Tensor& xb,
 }
 
 /// The loss scale of 16-mixed, by hand: two 0-dim tensors.
-struct HandScale {
-  at::Tensor scale = at::full({}, 65536.0, at::kFloat);
-  at::Tensor growth = at::zeros({}, at::kInt);
+struct HandScale : hand::Scale {
+  HandScale() : hand::Scale{at::full({}, 65536.0, at::kFloat), at::zeros({}, at::kInt)} {}
 };
 
 /// bf16-mixed and 16-mixed: autocast around the forward, by hand; 16-mixed scales the loss,
@@ -148,19 +148,7 @@ at::Tensor hand_mixed(Mlp& model, torch::optim::SGD& opt, const at::Tensor& xb,
   }
   auto loss = F::cross_entropy(out.to(at::kFloat), y);
   if constexpr (Scaled) {
-    (loss * s.scale).backward();
-    auto inv = s.scale.to(at::kDouble).reciprocal().to(at::kFloat);
-    auto found_inf = at::zeros({}, at::kFloat);
-    std::vector<at::Tensor> grads;
-    for (auto& p : model->parameters()) {
-      if (p.grad().defined()) grads.push_back(p.grad());
-    }
-    {
-      at::NoGradGuard no_grad;
-      at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv);
-    }
-    if (found_inf.item<float>() == 0.0f) opt.step();
-    at::_amp_update_scale_(s.scale, s.growth, found_inf, 2.0, 0.5, 2000);
+    hand::scaled_backward_and_step(loss, *model, opt, s);
   } else {
     loss.backward();
     opt.step();
@@ -176,8 +164,8 @@ struct HandTrainer {
   Mlp model = make_model();
   torch::optim::SGD opt = [this] {
     model->to(kDev);
-    if constexpr (!std::is_same_v<P, loom::Fp32> && !std::is_base_of_v<loom::precision::Mixed<c10::kHalf>, P> &&
-                  !std::is_base_of_v<loom::precision::Mixed<c10::kBFloat16>, P>) {
+    if constexpr (!std::is_same_v<P, loom::Fp32> && !std::is_same_v<P, loom::Fp16Mixed> &&
+                  !std::is_same_v<P, loom::Bf16Mixed>) {
       model->to(P::dtype());
     }
     return make_sgd(model);

@@ -6,22 +6,9 @@
 //     at::Tensor convert_inputs(const at::Tensor& t) const;   // misspelt: the default stays
 //   };
 //   static_assert(!loom::is_default(&PureBf16::convert_input));  // fails, as it should
-#include <type_traits>
+#include <loom/detail/meta.hpp>
 
 namespace loom {
-
-namespace detail {
-/// True for the Defaults bases themselves (each names itself defaults_type), false for the
-/// policies that derive from them and for any class in between.
-template <class C>
-constexpr bool is_defaults_base() {
-  if constexpr (requires { typename C::defaults_type; }) {
-    return std::is_same_v<typename C::defaults_type, C>;
-  } else {
-    return false;
-  }
-}
-}  // namespace detail
 
 /// True when `member` (written `&P::name`) is declared in a loom Defaults base, so P inherits
 /// it unchanged; false when P, or a class between P and the base, declares its own. For

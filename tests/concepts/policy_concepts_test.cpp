@@ -51,7 +51,37 @@ struct CopyableContext : precision::Defaults<CopyableContext> {
   CopyableGuard forward_context(c10::DeviceType) const { return {}; }
 };
 
+/// A hypothetical third policy family, to show what adding one takes: a row list, its check,
+/// and an entry in a family list (here a test-only list; Runtime's is detail::families).
+template <class S>
+concept toy_has_name = requires {
+  { S::strategy() } -> std::same_as<std::string_view>;
+};
+#define LOOM_TEST_TOY_ROWS(X, ...) X(__VA_ARGS__, toy_has_name, "`strategy()`")
+#define LOOM_TEST_TOY_AND(T, row, text) &&row<T>
+template <class S>
+concept ToyStrategy = true LOOM_TEST_TOY_ROWS(LOOM_TEST_TOY_AND, S);
+struct toy_family {
+  template <class T>
+  static constexpr bool models = ToyStrategy<T>;
+};
+struct Single {
+  static constexpr std::string_view strategy() { return "single"; }
+};
+using three_families =
+    loom::detail::family_list<loom::detail::device_family, loom::detail::precision_family,
+                              toy_family>;
+
 }  // namespace
+
+TEST_CASE("a third policy family joins the order check through the family list",
+          "[concepts][runtime]") {
+  STATIC_REQUIRE(ToyStrategy<Single>);
+  STATIC_REQUIRE(loom::detail::family_of<Single>(three_families{}) == 2);
+  STATIC_REQUIRE(loom::detail::policies_in_order<Cpu, Fp32, Single>(three_families{}));
+  STATIC_REQUIRE_FALSE(loom::detail::policies_in_order<Cpu, Single, Fp32>(three_families{}));
+  STATIC_REQUIRE_FALSE(loom::detail::policies_in_order<Single, Fp32, Cpu>(three_families{}));
+}
 
 TEST_CASE("ScopeGuard accepts non-copyable RAII scopes only", "[concepts][scope_guard]") {
   STATIC_REQUIRE(ScopeGuard<NullGuard>);

@@ -39,15 +39,13 @@ constexpr int family_of(family_list<F...>) {
   return found;
 }
 
-/// True unless some argument models the family of another position: a policy in the wrong
-/// place (Runtime<loom::Fp32, loom::Cpu>).
-template <class... Ts>
-constexpr bool policies_in_order() {
+/// True unless some argument models the family of another position in `list`: a policy in
+/// the wrong place (Runtime<loom::Fp32, loom::Cpu>).
+template <class... Ts, class List = families>
+constexpr bool policies_in_order(List list = {}) {
   int position = 0;
   bool ok = true;
-  ((ok = ok && (family_of<Ts>(families{}) < 0 || family_of<Ts>(families{}) == position),
-    ++position),
-   ...);
+  ((ok = ok && (family_of<Ts>(list) < 0 || family_of<Ts>(list) == position), ++position), ...);
   return ok;
 }
 

@@ -28,6 +28,17 @@ inline constexpr bool is_std_array = false;
 template <class T, std::size_t N>
 inline constexpr bool is_std_array<std::array<T, N>> = true;
 
+/// True for loom's Defaults bases themselves (each names itself defaults_type), false for the
+/// policies that derive from them and for any class in between (is_default.hpp).
+template <class C>
+constexpr bool is_defaults_base() {
+  if constexpr (requires { typename C::defaults_type; }) {
+    return std::is_same_v<typename C::defaults_type, C>;
+  } else {
+    return false;
+  }
+}
+
 /// The distributed backends torch.distributed knows.
 constexpr bool is_ddp_backend(std::string_view b) {
   return b == "gloo" || b == "nccl" || b == "mpi";

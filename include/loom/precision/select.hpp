@@ -17,6 +17,7 @@
 #include <c10/util/Exception.h>
 
 #include <loom/detail/precision_names.hpp>
+#include <loom/detail/precision_select.hpp>
 #include <loom/error.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/precision/fp64.hpp>
@@ -31,33 +32,6 @@ namespace precision {
 inline constexpr std::string_view allowed_names = LOOM_DETAIL_PRECISION_NAMES;
 
 }  // namespace precision
-
-namespace detail {
-
-/// The policy a name selects; an unknown name fails to compile, listing the allowed names.
-template <PrecisionName S>
-struct select_precision {
-  static_assert(S.view().substr(0, 18) != "transformer-engine",
-                "loom::precision_t: \"transformer-engine\" precision is not supported by loom");
-  static_assert(S.view().substr(0, 18) == "transformer-engine",
-                "loom::precision_t<Name>: unknown precision name. Allowed: "
-                LOOM_DETAIL_PRECISION_NAMES);
-};
-template <> struct select_precision<"32-true"> { using type = precision::Fp32; };
-template <> struct select_precision<"32"> { using type = precision::Fp32; };
-template <> struct select_precision<"64-true"> { using type = precision::Fp64; };
-template <> struct select_precision<"64"> { using type = precision::Fp64; };
-template <> struct select_precision<"16-true"> { using type = precision::Fp16True; };
-template <> struct select_precision<"bf16-true"> { using type = precision::Bf16True; };
-template <> struct select_precision<"16-mixed"> { using type = precision::Fp16Mixed; };
-template <> struct select_precision<"bf16-mixed"> { using type = precision::Bf16Mixed; };
-// The discouraged aliases. At run time with_precision warns about them; at compile time no
-// compiler reliably reports a [[deprecated]] reached through an alias template, so they are
-// accepted silently here.
-template <> struct select_precision<"16"> { using type = precision::Fp16Mixed; };
-template <> struct select_precision<"bf16"> { using type = precision::Bf16Mixed; };
-
-}  // namespace detail
 
 /// The precision policy Lightning's name selects, at compile time: precision_t<"bf16-mixed">
 /// is loom::Bf16Mixed; precision_t<64> is loom::Fp64.
