@@ -2,20 +2,23 @@
 //
 //   quickstart --data build/data/fashion-mnist [--device cpu] [--precision 32-true]
 //              [--epochs 1] [--max-steps N] [--batch-size 64] [--lr 1e-3]
+//              [--metrics metrics.csv [--log-every 10]]
 //
 // --device and --precision take Composer's and Lightning's names ("cuda", "bf16-mixed", ...):
 // loom::with_runtime turns the two strings into a Runtime type, and train_and_evaluate is
 // compiled once per device x precision pair.
-// Prints the dtypes the model sees, then step, loss and samples/s as it trains, then the
-// test accuracy; exits 1 if the model did not learn (accuracy below 70%).
+// Prints the dtypes the model sees, then a progress bar (plain lines when stdout is not a
+// terminal), then the test accuracy; exits 1 if the model did not learn (accuracy below 70%).
+// --metrics writes a CSV (step,loss,lr,samples_per_s) that scripts/plot_metrics.py plots.
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
-#include <string_view>
 #include <type_traits>
 
+#include <CLI/CLI.hpp>
 #include <torch/data/dataloader.h>
 #include <torch/data/datasets/map.h>
 #include <torch/data/datasets/mnist.h>
@@ -29,6 +32,8 @@
 
 #include <loom/loom.hpp>
 
+#include "common/progress.hpp"
+
 namespace {
 
 struct Options {
@@ -39,37 +44,56 @@ struct Options {
   int64_t max_steps = -1;
   int64_t batch_size = 64;
   double lr = 1e-3;
+  std::string metrics;  // empty: no CSV
+  int64_t log_every = 10;
 };
 
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument("missing value after " + std::string(a));
-      return argv[++i];
-    };
-    if (a == "--data") o.data = value();
-    else if (a == "--device") o.device = value();
-    else if (a == "--precision") o.precision = value();
-    else if (a == "--epochs") o.epochs = std::stoi(value());
-    else if (a == "--max-steps") o.max_steps = std::stoll(value());
-    else if (a == "--batch-size") o.batch_size = std::stoll(value());
-    else if (a == "--lr") o.lr = std::stod(value());
-    else if (a == "--help" || a == "-h") {
-      std::printf(
-          "usage: quickstart [--data DIR] [--device NAME] [--precision NAME] [--epochs N]\n"
-          "                  [--max-steps N] [--batch-size N] [--lr X]\n"
-          "  --device     cpu (default), cuda, gpu or auto\n"
-          "  --precision  one of %s\n",
-          std::string(loom::precision::allowed_names).c_str());
-      std::exit(0);
-    } else {
-      throw std::invalid_argument("unknown argument " + std::string(a));
-    }
+/// The --metrics CSV: a row every `every` steps with the mean loss of those steps, the
+/// learning rate and the throughput over them, so a plot shows the trend, not step noise.
+class MetricsLog {
+ public:
+  MetricsLog(const std::string& path, int64_t every) : every_(every), last_(Clock::now()) {
+    if (path.empty()) return;
+    file_ = std::fopen(path.c_str(), "w");
+    if (file_ == nullptr) throw std::runtime_error("cannot write the metrics file " + path);
+    std::fprintf(file_, "step,loss,lr,samples_per_s\n");
   }
-  return o;
-}
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+  ~MetricsLog() {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+
+  void step(int64_t step, double loss, int64_t samples, double lr) {
+    if (file_ == nullptr) return;
+    loss_ += loss;
+    samples_ += samples;
+    if (++steps_ == every_) write(step, lr);
+  }
+  /// Writes the steps since the last row, if any: the last row is the last step.
+  void finish(int64_t step, double lr) {
+    if (file_ != nullptr && steps_ > 0) write(step, lr);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void write(int64_t step, double lr) {
+    auto now = Clock::now();
+    double secs = std::max(std::chrono::duration<double>(now - last_).count(), 1e-9);
+    std::fprintf(file_, "%lld,%.6g,%.6g,%.1f\n", static_cast<long long>(step),
+                 loss_ / static_cast<double>(steps_), lr, static_cast<double>(samples_) / secs);
+    std::fflush(file_);  // a run that is stopped early still leaves a readable file
+    loss_ = 0;
+    samples_ = steps_ = 0;
+    last_ = now;
+  }
+
+  std::FILE* file_ = nullptr;
+  int64_t every_;
+  Clock::time_point last_;
+  double loss_ = 0;
+  int64_t samples_ = 0, steps_ = 0;
+};
 
 torch::nn::Sequential make_model() {
   return torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Linear(28 * 28, 256),
@@ -106,9 +130,13 @@ double train_and_evaluate(RT& rt, const Options& o) {
 
   std::printf("training an MLP on Fashion-MNIST (%zu images), %s on %s\n", n_train,
               std::string(RT::precision_name()).c_str(), std::string(rt.device().name()).c_str());
-  int64_t step = 0, seen = 0;
-  double running = 0;
-  auto t0 = std::chrono::steady_clock::now();
+  const auto n_batches = static_cast<int64_t>((n_train + o.batch_size - 1) / o.batch_size);
+  int64_t total_steps = o.epochs * n_batches;
+  if (o.max_steps >= 0) total_steps = std::min(total_steps, o.max_steps);
+  examples::Progress progress(total_steps);
+  MetricsLog metrics(o.metrics, o.log_every);
+  auto lr = [&] { return opt.param_groups()[0].options().get_lr(); };
+  int64_t step = 0;
   for (int epoch = 0; epoch < o.epochs && step != o.max_steps; ++epoch) {
     model->train();
     for (auto& batch : rt.dataloader(*train_loader)) {
@@ -121,7 +149,7 @@ double train_and_evaluate(RT& rt, const Options& o) {
         logits = rt.forward(
             [&](const at::Tensor& x) {
               input = x.scalar_type();
-              auto h = model[1]->as<torch::nn::Linear>()->forward(x.flatten(1));
+              auto h = model[1]->as<torch::nn::Linear>()->forward(x.flatten(1));  // (B, 256)
               hidden = h.scalar_type();
               return model->forward(x);
             },
@@ -130,23 +158,21 @@ double train_and_evaluate(RT& rt, const Options& o) {
                     c10::toString(model->parameters()[0].scalar_type()), c10::toString(input),
                     c10::toString(hidden), c10::toString(logits.scalar_type()));
       } else {
-        logits = rt.forward(model, batch.data);                         // (B, 10)
+        logits = rt.forward(model, batch.data);  // (B, 10) f32
       }
-      auto loss = torch::nn::functional::cross_entropy(logits, batch.target);
-      running += rt.backward(loss, model).template item<double>();
+      auto loss = torch::nn::functional::cross_entropy(logits, batch.target);  // () f32
+      // item() waits for the device; a long run on a GPU would read it only every few steps.
+      double l = rt.backward(loss, model).template item<double>();
       rt.optimizer_step(opt);
       opt.zero_grad();
       ++step;
-      seen += batch.data.size(0);
-      if (step % 100 == 0) {
-        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        std::printf("epoch %d step %5lld  loss %.4f  %8.0f samples/s\n", epoch,
-                    static_cast<long long>(step), running / 100, seen / secs);
-        std::fflush(stdout);
-        running = 0;
-      }
+      progress.step(batch.data.size(0), l);
+      metrics.step(step, l, batch.data.size(0), lr());
     }
   }
+  progress.finish();
+  metrics.finish(step, lr());
+  if (!o.metrics.empty()) std::printf("metrics written to %s\n", o.metrics.c_str());
 
   model->eval();
   torch::NoGradGuard no_grad;
@@ -165,13 +191,29 @@ double train_and_evaluate(RT& rt, const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"Trains an MLP on Fashion-MNIST through loom::Runtime<Device, Precision>.",
+               "quickstart"};
+  app.option_defaults()->always_capture_default();
+  app.add_option("--data", o.data, "directory with Fashion-MNIST's IDX files");
+  app.add_option("--device", o.device, "cpu, cuda, gpu or auto");
+  app.add_option("--precision", o.precision,
+                 "one of " + std::string(loom::precision::allowed_names));
+  app.add_option("--epochs", o.epochs, "passes over the training set")->check(CLI::PositiveNumber);
+  app.add_option("--max-steps", o.max_steps, "stop after this many steps (-1: no limit)");
+  app.add_option("--batch-size", o.batch_size)->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.lr, "Adam's learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--metrics", o.metrics, "write step,loss,lr,samples_per_s rows to this CSV");
+  app.add_option("--log-every", o.log_every, "steps per metrics row")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+
   try {
-    Options o = parse(argc, argv);
     torch::manual_seed(0);
     double accuracy = loom::with_runtime(o.device, o.precision,
                                          [&](auto& rt) { return train_and_evaluate(rt, o); });
     bool learned = accuracy >= 0.70;
-    std::printf("test accuracy %.2f%%: %s\n", 100 * accuracy, learned ? "learned" : "did NOT learn");
+    std::printf("test accuracy %.2f%%: %s\n", 100 * accuracy,
+                learned ? "learned" : "did NOT learn");
     return learned ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "quickstart: %s\n", e.what());

@@ -1,0 +1,152 @@
+#pragma once
+// A training progress bar for the examples, in the spirit of Lightning's and tqdm's.
+//
+//   examples::Progress bar(total_steps, 100);      // total <= 0: unknown, no bar and no ETA
+//   for (...) { ...; bar.step(batch_size, loss); }
+//   bar.finish();
+//
+// On a terminal it redraws one line with '\r' (at most ten times a second):
+//   train  420/938 [##########............]  45%  loss 0.4821  38211 samples/s  ETA 0:05
+// Elsewhere (ctest, pipes, CI logs) a redrawn line would be one huge line of '\r's, so it
+// prints plain lines with the same fields every `every` steps, at least every 2 s, and once
+// more at the end.
+// The loss shown is the mean of the last 20 steps, as Lightning's bar shows it: one step's
+// loss is too noisy to read.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include <unistd.h>
+
+namespace examples {
+
+class Progress {
+ public:
+  /// `total` steps expected (<= 0: unknown); plain mode prints every `every` steps.
+  explicit Progress(int64_t total, int64_t every = 100, std::string label = "train")
+      : total_(total),
+        every_(every > 0 ? every : 1),
+        label_(std::move(label)),
+        tty_(isatty(fileno(stdout)) != 0),
+        start_(Clock::now()),
+        last_line_(start_) {}
+
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+  ~Progress() { finish(); }
+
+  /// Records one finished step of `samples` samples and its loss; prints when it is time.
+  void step(int64_t samples, double loss) {
+    ++steps_;
+    samples_ += samples;
+    window_[static_cast<std::size_t>(steps_ - 1) % window_.size()] = loss;
+    const auto now = Clock::now();
+    const double since_line = seconds(last_line_, now);
+    const bool due = tty_ ? since_line >= 0.1
+                          : steps_ % every_ == 0 || since_line >= plain_seconds;
+    if (due) print(now);
+  }
+
+  /// Prints the last line (if the last step has not been printed yet) and ends it.
+  void finish() {
+    if (finished_) return;
+    finished_ = true;
+    if (steps_ == 0) return;
+    if (tty_ || printed_step_ != steps_) print(Clock::now());
+    if (tty_) std::fputc('\n', stdout);
+    std::fflush(stdout);
+  }
+
+  int64_t steps() const { return steps_; }
+  /// The mean loss of the last (up to) 20 steps.
+  double mean_loss() const {
+    const auto n = static_cast<std::size_t>(std::min<int64_t>(steps_, window_.size()));
+    double sum = 0;
+    for (std::size_t i = 0; i < n; ++i) sum += window_[i];
+    return n == 0 ? 0.0 : sum / static_cast<double>(n);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static double seconds(Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  }
+
+  /// "1:05" or "1:02:05".
+  static std::string clock_time(double secs) {
+    const auto s = static_cast<long long>(secs + 0.5);
+    char buf[32];
+    if (s >= 3600) {
+      std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
+    } else {
+      std::snprintf(buf, sizeof buf, "%lld:%02lld", s / 60, s % 60);
+    }
+    return buf;
+  }
+
+  void print(Clock::time_point now) {
+    const double elapsed = std::max(seconds(start_, now), 1e-9);
+    const double rate = static_cast<double>(samples_) / elapsed;
+    std::string line = label_ + " ";
+    char buf[96];
+    if (total_ > 0) {
+      const double done = std::min(1.0, static_cast<double>(steps_) / static_cast<double>(total_));
+      std::snprintf(buf, sizeof buf, "%*lld/%lld ", digits(total_), static_cast<long long>(steps_),
+                    static_cast<long long>(total_));
+      line += buf;
+      if (tty_) {  // the bar only where it redraws; in a log the percentage says the same
+        constexpr int width = 24;
+        const int filled = static_cast<int>(done * width);
+        line += "[" + std::string(filled, '#') + std::string(width - filled, '.') + "] ";
+      }
+      std::snprintf(buf, sizeof buf, "%3d%%  ", static_cast<int>(done * 100));
+      line += buf;
+    } else {
+      std::snprintf(buf, sizeof buf, "step %lld  ", static_cast<long long>(steps_));
+      line += buf;
+    }
+    std::snprintf(buf, sizeof buf, "loss %.4f  %.0f samples/s", mean_loss(), rate);
+    line += buf;
+    if (total_ > 0) {
+      const double eta = elapsed / static_cast<double>(steps_) *
+                         static_cast<double>(std::max<int64_t>(total_ - steps_, 0));
+      line += "  " + std::string(steps_ >= total_ ? "took " + clock_time(elapsed)
+                                                  : "ETA " + clock_time(eta));
+    }
+    if (tty_) {
+      // "\033[K" clears what a longer previous line left to the right.
+      std::fprintf(stdout, "\r%s\033[K", line.c_str());
+    } else {
+      std::fprintf(stdout, "%s\n", line.c_str());
+    }
+    std::fflush(stdout);
+    printed_step_ = steps_;
+    last_line_ = now;
+  }
+
+  static int digits(int64_t n) {
+    int d = 1;
+    while (n >= 10) {
+      n /= 10;
+      ++d;
+    }
+    return d;
+  }
+
+  static constexpr double plain_seconds = 2.0;  // plain mode: at least one line this often
+
+  int64_t total_;
+  int64_t every_;
+  std::string label_;
+  bool tty_;
+  Clock::time_point start_, last_line_;
+  int64_t steps_ = 0, samples_ = 0, printed_step_ = 0;
+  std::array<double, 20> window_{};
+  bool finished_ = false;
+};
+
+}  // namespace examples
