@@ -107,20 +107,10 @@ concept device_has_precision_context = requires(const D& d, precision_archetype&
 #define LOOM_DETAIL_DEVICE_PAGE " (docs/concepts/device_policy.md)"
 // clang-format on
 
-/// One static_assert per DevicePolicy row (Checkpointable's included), each naming the member
-/// a device lacks.
-template <class D>
-struct device_rows_check {
-  LOOM_DETAIL_DEVICE_ROWS(LOOM_DETAIL_ROW_ASSERT, D, LOOM_DETAIL_DEVICE_LACKS,
-                          LOOM_DETAIL_DEVICE_PAGE)
-  LOOM_DETAIL_CHECKPOINTABLE_ROWS(LOOM_DETAIL_ROW_ASSERT, D, LOOM_DETAIL_DEVICE_LACKS,
-                                  LOOM_DETAIL_DEVICE_PAGE)
-  static constexpr bool value = true;
-};
-template <>
-struct device_rows_check<skip_checks> {
-  static constexpr bool value = true;
-};
+/// One static_assert per DevicePolicy row (Checkpointable's included), each naming the
+/// member a policy lacks.
+LOOM_DETAIL_ROWS_CHECK(device_rows_check, LOOM_DETAIL_DEVICE_ROWS, LOOM_DETAIL_DEVICE_LACKS,
+                       LOOM_DETAIL_DEVICE_PAGE)
 
 /// torch's own device types: what a Device argument often is by mistake.
 template <class T>

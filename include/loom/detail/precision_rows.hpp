@@ -130,18 +130,8 @@ concept precision_has_loss_scale = requires(const P& p) {
 
 /// One static_assert per PrecisionPolicy row (Checkpointable's included), each naming the
 /// member a policy lacks.
-template <class P>
-struct precision_rows_check {
-  LOOM_DETAIL_PRECISION_ROWS(LOOM_DETAIL_ROW_ASSERT, P, LOOM_DETAIL_PRECISION_LACKS,
-                             LOOM_DETAIL_PRECISION_PAGE)
-  LOOM_DETAIL_CHECKPOINTABLE_ROWS(LOOM_DETAIL_ROW_ASSERT, P, LOOM_DETAIL_PRECISION_LACKS,
-                                  LOOM_DETAIL_PRECISION_PAGE)
-  static constexpr bool value = true;
-};
-template <>
-struct precision_rows_check<skip_checks> {
-  static constexpr bool value = true;
-};
+LOOM_DETAIL_ROWS_CHECK(precision_rows_check, LOOM_DETAIL_PRECISION_ROWS, LOOM_DETAIL_PRECISION_LACKS,
+                       LOOM_DETAIL_PRECISION_PAGE)
 
 /// Element types and dtypes: what a Precision argument often is by mistake.
 template <class T>
