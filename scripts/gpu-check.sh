@@ -93,9 +93,9 @@ say ""
 say "$(grep -E 'tests passed|tests failed|Total Test time' "$out/ctest.log" || tail -n 5 "$out/ctest.log")"
 grep -E '^\s*[0-9]+ - .*\((Failed|Timeout|Exception)' "$out/ctest.log" | sed 's/^/    /' | tee -a "$report"
 
-# 5. D17: host-to-device prefetch, 64 MiB pinned batches.
+# 5. Host-to-device prefetch, 64 MiB pinned batches: the benchmark behind the Cuda default.
 say ""
-say "## D17 prefetch benchmark (loom_bench_prefetch_cuda 64 16 3)"
+say "## Host-to-device prefetch benchmark (loom_bench_prefetch_cuda 64 16 3)"
 timeout "$(left)" "$build/benchmarks/loom_bench_prefetch_cuda" 64 16 3 >"$out/bench.txt" 2>&1 || status=1
 "$py" - "$out/bench.txt" <<'PY' | tee -a "$report" || status=1
 import re, sys
@@ -122,7 +122,7 @@ for case, target in (("h2d_bound", 0.85), ("compute_bound", 1.02)):
           f"{float(kv[case + '.on_ms']):.3f} | {r:.3f} | <= {target} {'PASS' if r <= target else 'FAIL'} | "
           f"{', '.join(f'{p:.0f}' for p in on_peaks)} {'flat' if flat else 'NOT FLAT'} |")
 print()
-print("D17 decides the Cuda prefetch default (docs/data-path.md); this check only reports.")
+print("This benchmark decides the Cuda prefetch default (docs/data-path.md); the check only reports.")
 sys.exit(0 if ok else 1)
 PY
 

@@ -1,8 +1,9 @@
-// Host-to-device prefetch on a GPU (device.md D17): pinned batches of >= 64 MiB, a step whose
-// GPU time is set relative to one batch's copy time, mean step time with and without
-// Cuda's prefetching view (both pinned + non-blocking), and the peak device memory of each
-// of 3 epochs. Prints `key value` lines (scripts/gpu-check.sh turns them into a report);
-// exits 0 with "no GPU" where CUDA is missing.
+// Host-to-device prefetch on a GPU, the measurement that decides whether Cuda prefetches by
+// default (docs/data-path.md): pinned batches of >= 64 MiB, a step whose GPU time is set
+// relative to one batch's copy time, mean step time with and without Cuda's prefetching view
+// (both pinned + non-blocking), and the peak device memory of each of 3 epochs. Prints
+// `key value` lines (scripts/gpu-check.sh turns them into a report); exits 0 with "no GPU"
+// where CUDA is missing.
 //
 //   loom_bench_prefetch_cuda [batch_mib=64] [batches=16] [epochs=3]
 #include <algorithm>

@@ -1,4 +1,5 @@
-// loom::Cuda and the CUDA data path on a GPU (device.md D5, D6, D8, D12, D15, D16).
+// loom::Cuda and the CUDA data path on a GPU: device choice, TF32, copies, the data loaders
+// with and without prefetch, the RNG state, precision scopes bound to CUDA.
 // Registered with label gpu only under LOOM_BUILD_GPU_TESTS; compiled everywhere.
 #include <atomic>
 #include <cstdlib>
@@ -51,7 +52,7 @@ std::vector<Batch> host_batches(int n, bool pinned) {
 
 }  // namespace
 
-TEST_CASE("D5 Cuda picks the explicit index, else LOCAL_RANK, and prepare sets it", "[gpu]") {
+TEST_CASE("Cuda picks the explicit index, else LOCAL_RANK, and prepare sets it", "[gpu]") {
   const c10::DeviceIndex count = c10::cuda::device_count();
   REQUIRE(count > 0);
   REQUIRE(Cuda::is_available());
@@ -89,7 +90,7 @@ TEST_CASE("D5 Cuda picks the explicit index, else LOCAL_RANK, and prepare sets i
   CHECK(loom::device::parse_device("auto") == loom::device::Kind::Cuda);
 }
 
-TEST_CASE("D6 TF32 is set only when asked", "[gpu]") {
+TEST_CASE("TF32 is set only when asked", "[gpu]") {
   auto& ctx = at::globalContext();
   const bool cublas = ctx.allowTF32CuBLAS(), cudnn = ctx.allowTF32CuDNN();
   Cuda on(0, Tf32::Enabled);
@@ -111,7 +112,7 @@ TEST_CASE("D6 TF32 is set only when asked", "[gpu]") {
   ctx.setAllowTF32CuDNN(cudnn);
 }
 
-TEST_CASE("D8 tensor_to_device: pageable at once, pinned after a sync, D2H readable", "[gpu]") {
+TEST_CASE("tensor_to_device: pageable at once, pinned after a sync, D2H readable", "[gpu]") {
   Cuda cuda(0);
   cuda.prepare();
   at::Tensor pageable = at::arange(1 << 20, at::kFloat);
@@ -128,7 +129,7 @@ TEST_CASE("D8 tensor_to_device: pageable at once, pinned after a sync, D2H reada
   CHECK(cuda.tensor_to_device(a).unsafeGetTensorImpl() == a.unsafeGetTensorImpl());
 }
 
-TEST_CASE("D12 dataloader_to_device on Cuda: order, count, errors, equal with prefetch",
+TEST_CASE("dataloader_to_device on Cuda: order, count, errors, equal with prefetch",
           "[gpu]") {
   Cuda cuda(0);
   cuda.prepare();
@@ -188,7 +189,7 @@ TEST_CASE("D12 dataloader_to_device on Cuda: order, count, errors, equal with pr
   CHECK(n == 5);
 }
 
-TEST_CASE("D12 the producer thread copies on a side stream, not the consumer's", "[gpu]") {
+TEST_CASE("the producer thread copies on a side stream, not the consumer's", "[gpu]") {
   Cuda cuda(0);
   cuda.prepare();
   auto source = host_batches(4, true);
@@ -204,7 +205,7 @@ TEST_CASE("D12 the producer thread copies on a side stream, not the consumer's",
   CHECK(producer_stream.load() != consumer.id());
 }
 
-TEST_CASE("D15 the CUDA RNG round-trips, and a wrong-size state only warns", "[gpu]") {
+TEST_CASE("the CUDA RNG round-trips, and a wrong-size state only warns", "[gpu]") {
   Cuda cuda(0);
   auto state = cuda.state_dict();
   REQUIRE(state.count("rng") == 1);
@@ -227,7 +228,7 @@ TEST_CASE("D15 the CUDA RNG round-trips, and a wrong-size state only warns", "[g
   (void)after_state;
 }
 
-TEST_CASE("D16 precision_context binds the precision to CUDA", "[gpu]") {
+TEST_CASE("precision_context binds the precision to CUDA", "[gpu]") {
   Cuda cuda(0);
   auto a = at::randn({8, 8}, at::TensorOptions().device(cuda.device()));
   loom::precision::Fp32 fp32;

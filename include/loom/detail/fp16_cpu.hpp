@@ -14,8 +14,8 @@ inline void warn_if_fp16_on_cpu(std::string_view precision, c10::DeviceType devi
   if (device != c10::kCPU) return;
   TORCH_WARN_ONCE("loom: precision \"", std::string(precision),
                   "\" on the CPU computes in real fp16, which LibTorch's CPU kernels run slowly "
-                  "(convolutions most of all: see docs/precision.md); \"bf16-mixed\" is the fast "
-                  "reduced precision on a CPU");
+                  "(convolutions most of all: see docs/precision.md); on a CPU prefer \"32-true\", "
+                  "or \"bf16-mixed\" where the CPU has native bf16 (AVX-512 BF16, AMX)");
 }
 
 }  // namespace loom::detail

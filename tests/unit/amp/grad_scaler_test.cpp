@@ -1,4 +1,5 @@
-// loom::amp::GradScaler on the CPU: precision.md §4 and acceptance cases P21, P29-P34.
+// loom::amp::GradScaler on the CPU: the lazy scale tensor, scaled backward, skipping and
+// backing off on inf/nan, growth, misuse errors with torch's texts, state_dict, two optimizers.
 #include "support/catch.hpp"
 
 #include <cfloat>
@@ -89,8 +90,8 @@ TEST_CASE("GradScaler rejects options that break the requirements", "[amp][grad_
   })));
 }
 
-TEST_CASE("P29: the scale tensor is created lazily, on the first scaled tensor's device",
-          "[amp][grad_scaler][P29]") {
+TEST_CASE("the scale tensor is created lazily, on the first scaled tensor's device",
+          "[amp][grad_scaler]") {
   GradScaler scaler;
   CHECK(scaler.get_scale() == 65536.0);
   CHECK(scaler.get_growth_tracker() == 0);
@@ -129,8 +130,8 @@ TEST_CASE("P29: the scale tensor is created lazily, on the first scaled tensor's
   }
 }
 
-TEST_CASE("P21: backward through a scaled loss gives scale x the true gradients",
-          "[amp][grad_scaler][P21]") {
+TEST_CASE("backward through a scaled loss gives scale x the true gradients",
+          "[amp][grad_scaler]") {
   GradScaler scaler;
   auto w = param({3}, 1.0);
   auto x = at::tensor({0.25f, -1.5f, 3.0f});  // (3) f32
@@ -171,8 +172,8 @@ TEST_CASE("unscale_ multiplies by the f32 reciprocal computed in f64, per dtype 
   CHECK(at::equal(unused, at::full({5}, 7.0)));
 }
 
-TEST_CASE("P30: an inf or nan gradient skips the step and halves the scale",
-          "[amp][grad_scaler][P30]") {
+TEST_CASE("an inf or nan gradient skips the step and halves the scale",
+          "[amp][grad_scaler]") {
   for (const double bad : {kInf, -kInf, kNan}) {
     for (const bool in_f64_group : {false, true}) {
       INFO("bad " << bad << ", in the f64 group " << in_f64_group);
@@ -212,7 +213,7 @@ TEST_CASE("P30: an inf or nan gradient skips the step and halves the scale",
   }
 }
 
-TEST_CASE("P31: the scale grows after growth_interval clean steps", "[amp][grad_scaler][P31]") {
+TEST_CASE("the scale grows after growth_interval clean steps", "[amp][grad_scaler]") {
   SECTION("interval 3") {
     GradScaler scaler(GradScalerOptions{.init_scale = 8.0, .growth_interval = 3});
     auto w = param({2}, 0.0);
@@ -274,7 +275,7 @@ TEST_CASE("P31: the scale grows after growth_interval clean steps", "[amp][grad_
   }
 }
 
-TEST_CASE("P32: misuse raises loom::Error with torch's texts", "[amp][grad_scaler][P32]") {
+TEST_CASE("misuse raises loom::Error with torch's texts", "[amp][grad_scaler]") {
   GradScaler scaler;
   auto w = param({2}, 0.0);
   torch::optim::SGD opt({w}, torch::optim::SGDOptions(1.0));
@@ -366,7 +367,7 @@ TEST_CASE("GradScaler stages follow unscale_, step and update", "[amp][grad_scal
   CHECK(scaler.get_growth_tracker() == 0);
 }
 
-TEST_CASE("P33: state_dict has torch's five keys and round-trips", "[amp][grad_scaler][P33]") {
+TEST_CASE("state_dict has torch's five keys and round-trips", "[amp][grad_scaler]") {
   GradScaler scaler(GradScalerOptions{.init_scale = 1024.0, .growth_interval = 4});
   auto w = param({2}, 0.0);
   torch::optim::SGD opt({w}, torch::optim::SGDOptions(1.0));
@@ -467,8 +468,8 @@ TEST_CASE("P33: state_dict has torch's five keys and round-trips", "[amp][grad_s
   }
 }
 
-TEST_CASE("P34: two optimizers skip on their own found_inf and one update combines them",
-          "[amp][grad_scaler][P34]") {
+TEST_CASE("two optimizers skip on their own found_inf and one update combines them",
+          "[amp][grad_scaler]") {
   GradScaler scaler(GradScalerOptions{.growth_interval = 2});
   auto a = param({2}, 1.0);
   auto b = param({2}, 1.0);

@@ -1,4 +1,4 @@
-// batch::map over every row of the dispatch table (device.md D1-D3, precision.md P15).
+// batch::map over every row of the dispatch table in batch/walk.hpp, and its laws.
 #include <array>
 #include <deque>
 #include <map>

@@ -1,4 +1,5 @@
-// loom::Cpu and the device defaults (device.md D1, D3, D7, D9, D10, D12, D15).
+// loom::Cpu and the device defaults: names, tensor and module moves, optimizer-state moves
+// (and registering unknown state types), no state, the inline data loader.
 #include <memory>
 #include <stdexcept>
 #include <string>

@@ -1,4 +1,5 @@
-// loom::Cuda where CUDA may be missing, and run-time device selection (device.md D4, D7).
+// loom::Cuda where CUDA may be missing (its names, its error without CUDA, strict LOCAL_RANK),
+// and run-time device selection (parse_device, with_device).
 // Each test holds on both kinds of machine: where CUDA is missing it checks the errors, where
 // it is present the GPU suite (tests/gpu) checks the device itself.
 #include <cstdlib>

@@ -1,5 +1,5 @@
 // device::PrefetchLoader on the CPU: the producer thread, its bound, errors, stopping and
-// restarting, nested batches, and equality with the inline path (device.md §5, D12).
+// restarting, nested batches, and equality with the inline path.
 // Catch2 is not thread-safe: prefetch functions only record into atomics or locked vectors,
 // and the checks run on the test's own thread.
 #include <atomic>

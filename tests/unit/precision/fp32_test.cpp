@@ -1,4 +1,5 @@
-// loom::Fp32 ("32-true") and the precision defaults (precision.md §2, P1, P14).
+// loom::Fp32 ("32-true") and the precision defaults: its name, identity conversions, contexts
+// that change nothing, plain backward and step, no state; DefaultDtypeGuard.
 #include <ATen/autocast_mode.h>
 #include "support/catch.hpp"
 #include <torch/nn/modules/batchnorm.h>

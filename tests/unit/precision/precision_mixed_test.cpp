@@ -1,5 +1,6 @@
-// Mixed precision: the autocast guard (precision.md §3.2, P16-P20), 16-mixed's loss scaling
-// through the runtime (P4, P21-P26), and choosing policies by name (P1-P3, P5).
+// Mixed precision: the autocast guard (device binding, nesting, the cast cache, no-grad
+// forwards), 16-mixed's loss scaling through the runtime (scale once, skip on inf/nan, clipping,
+// accumulation, state), and choosing policies by Lightning's names.
 #include <string>
 #include <vector>
 
@@ -44,7 +45,7 @@ struct SelfUnscalingSGD : torch::optim::SGD, amp::SelfUnscalingOptimizer {
 
 }  // namespace
 
-TEST_CASE("Bf16Mixed's forward context is CPU autocast in bf16, restored after (P16, D16)",
+TEST_CASE("Bf16Mixed's forward context is CPU autocast in bf16, restored after",
           "[precision][autocast]") {
   Runtime<Cpu, Bf16Mixed> rt;
   CHECK_FALSE(is_autocast_enabled(c10::kCPU));
@@ -64,7 +65,7 @@ TEST_CASE("Bf16Mixed's forward context is CPU autocast in bf16, restored after (
   }
 }
 
-TEST_CASE("Fp16Mixed on the CPU is fp16 autocast, no bf16 fall-back (P4)", "[precision][autocast]") {
+TEST_CASE("Fp16Mixed on the CPU is fp16 autocast, no bf16 fall-back", "[precision][autocast]") {
   Runtime<Cpu, Fp16Mixed> rt;
   [[maybe_unused]] auto g = rt.forward_context();
   CHECK(is_autocast_enabled(c10::kCPU));
@@ -72,13 +73,13 @@ TEST_CASE("Fp16Mixed on the CPU is fp16 autocast, no bf16 fall-back (P4)", "[pre
   CHECK(at::matmul(at::ones({2, 2}), at::ones({2, 2})).scalar_type() == at::kHalf);
 }
 
-TEST_CASE("nested guards: an fp32 island, the cache flag, clearing only at depth 0 (P17, P18)",
+TEST_CASE("nested guards: an fp32 island, the cache flag, clearing only at depth 0",
           "[precision][autocast]") {
   const auto saved_dtype = get_autocast_dtype(c10::kCPU);
   at::autocast::set_autocast_cache_enabled(false);  // the guard must restore even this
   {
     amp::AutocastGuard outer(c10::kCPU, at::kBFloat16);
-    CHECK(is_autocast_cache_enabled());  // P18: the forward guard keeps the cache on
+    CHECK(is_autocast_cache_enabled());  // the forward guard keeps the cache on
     auto w = at::ones({2, 2}).requires_grad_();  // a leaf weight: cached when cast
     auto a = at::matmul(at::ones({2, 2}), w);
     CHECK(a.scalar_type() == at::kBFloat16);
@@ -114,7 +115,7 @@ TEST_CASE("the autocast guard checks its arguments before changing anything",
   CHECK_FALSE(is_autocast_enabled(c10::kCUDA));
 }
 
-TEST_CASE("inside bf16 autocast: no-grad forwards do not break the graph (P19)", "[precision][autocast]") {
+TEST_CASE("inside bf16 autocast: no-grad forwards do not break the graph", "[precision][autocast]") {
   torch::nn::Linear model(4, 4);
   Runtime<Cpu, Bf16Mixed> rt;
   at::Tensor loss;
@@ -135,7 +136,7 @@ TEST_CASE("inside bf16 autocast: no-grad forwards do not break the graph (P19)",
   CHECK(model->weight.grad().defined());
 }
 
-TEST_CASE("Bf16Mixed integration: fp32 weights and grads, bf16 inside, fp32 out (P20)",
+TEST_CASE("Bf16Mixed integration: fp32 weights and grads, bf16 inside, fp32 out",
           "[precision][bf16-mixed]") {
   Runtime<Cpu, Bf16Mixed> rt;
   torch::manual_seed(0);
@@ -167,7 +168,7 @@ TEST_CASE("Bf16Mixed integration: fp32 weights and grads, bf16 inside, fp32 out 
   CHECK(rt.state_dict().size() == 1);  // no scaler state
 }
 
-TEST_CASE("Fp16Mixed scales the loss once, steps and updates once (P21, P22)",
+TEST_CASE("Fp16Mixed scales the loss once, steps and updates once",
           "[precision][fp16-mixed]") {
   Runtime<Cpu, Fp16Mixed> rt;
   torch::manual_seed(0);
@@ -217,7 +218,7 @@ TEST_CASE("Fp16Mixed refuses a step after a direct loss.backward()", "[precision
   CHECK(model->weight.equal(before));
 }
 
-TEST_CASE("Fp16Mixed refuses LBFGS (P23)", "[precision][fp16-mixed]") {
+TEST_CASE("Fp16Mixed refuses LBFGS", "[precision][fp16-mixed]") {
   Runtime<Cpu, Fp16Mixed> rt;
   torch::nn::Linear model(2, 1);
   torch::optim::LBFGS lbfgs(model->parameters());
@@ -225,7 +226,7 @@ TEST_CASE("Fp16Mixed refuses LBFGS (P23)", "[precision][fp16-mixed]") {
   CHECK_THROWS_WITH(rt.optimizer_step(lbfgs), "loom: AMP and the LBFGS optimizer are not compatible.");
 }
 
-TEST_CASE("clipping: 0 clips nothing, by value or by norm only (P24)", "[precision][clip]") {
+TEST_CASE("clipping: 0 clips nothing, by value or by norm only", "[precision][clip]") {
   Runtime<Cpu, Fp32> rt;
   torch::nn::Linear model(2, 1);
   fill(model, 1.0);
@@ -248,7 +249,7 @@ TEST_CASE("clipping: 0 clips nothing, by value or by norm only (P24)", "[precisi
   CHECK(after == Approx(1.0).epsilon(1e-4));
 }
 
-TEST_CASE("16-mixed clipping unscales first, once, and refuses self-unscaling optimizers (P26)",
+TEST_CASE("16-mixed clipping unscales first, once, and refuses self-unscaling optimizers",
           "[precision][clip][fp16-mixed]") {
   Runtime<Cpu, Fp16Mixed> rt(Cpu{}, Fp16Mixed(amp::GradScalerOptions{.init_scale = 1024.0}));
   torch::nn::Linear model(2, 1);
@@ -275,7 +276,7 @@ TEST_CASE("16-mixed clipping unscales first, once, and refuses self-unscaling op
   CHECK_NOTHROW(bf16.clip_gradients(fused, 1.0));
 }
 
-TEST_CASE("16-mixed state round-trips through the runtime and refuses another precision (P33)",
+TEST_CASE("16-mixed state round-trips through the runtime and refuses another precision",
           "[precision][fp16-mixed][state]") {
   Runtime<Cpu, Fp16Mixed> rt;
   torch::nn::Linear model(2, 1);
@@ -292,7 +293,7 @@ TEST_CASE("16-mixed state round-trips through the runtime and refuses another pr
   CHECK_THROWS_WITH(other.load_state_dict(sd), Catch::Contains("saved with precision \"16-mixed\""));
 }
 
-TEST_CASE("precision_t maps Lightning's names to policies at compile time (P1, P2)",
+TEST_CASE("precision_t maps Lightning's names to policies at compile time",
           "[precision][select]") {
   STATIC_REQUIRE(std::is_same_v<precision_t<"32-true">, Fp32>);
   STATIC_REQUIRE(std::is_same_v<precision_t<"32">, Fp32>);
@@ -309,7 +310,7 @@ TEST_CASE("precision_t maps Lightning's names to policies at compile time (P1, P
   STATIC_REQUIRE(precision_t<"bf16-mixed">::precision() == "bf16-mixed");
 }
 
-TEST_CASE("with_precision dispatches run-time names, aliases warn, unknown names throw (P1-P3)",
+TEST_CASE("with_precision dispatches run-time names, aliases warn, unknown names throw",
           "[precision][select]") {
   auto name = [](auto policy) { return name_of(policy); };
   {
@@ -343,7 +344,7 @@ TEST_CASE("with_precision dispatches run-time names, aliases warn, unknown names
   CHECK_THROWS_WITH(with_precision("transformer-engine", name), Catch::Contains("not supported by loom"));
 }
 
-TEST_CASE("16-mixed has the scaler defaults and bf16-mixed has none (P5)", "[precision][select]") {
+TEST_CASE("16-mixed has the scaler defaults and bf16-mixed has none", "[precision][select]") {
   Fp16Mixed p;
   CHECK(p.scaler().options().init_scale == 65536.0);
   CHECK(p.scaler().options().growth_factor == 2.0);
@@ -371,7 +372,7 @@ TEST_CASE("with_runtime builds the Runtime a device and a precision name select"
   }
 }
 
-TEST_CASE("a bf16-mixed loom loop is bitwise equal to the hand-written autocast loop (P36)",
+TEST_CASE("a bf16-mixed loom loop is bitwise equal to the hand-written autocast loop",
           "[precision][bf16-mixed][parity]") {
   auto make = [] {
     torch::manual_seed(11);
@@ -407,7 +408,7 @@ TEST_CASE("a bf16-mixed loom loop is bitwise equal to the hand-written autocast 
   for (std::size_t i = 0; i < pa.size(); ++i) CHECK(pa[i].equal(pb[i]));
 }
 
-TEST_CASE("16-mixed with two accumulated micro-batches unscales their sum once (P26)",
+TEST_CASE("16-mixed with two accumulated micro-batches unscales their sum once",
           "[precision][fp16-mixed]") {
   Runtime<Cpu, Fp16Mixed> rt(Cpu{}, Fp16Mixed(amp::GradScalerOptions{.init_scale = 256.0}));
   torch::nn::Linear model(2, 1);
@@ -422,7 +423,7 @@ TEST_CASE("16-mixed with two accumulated micro-batches unscales their sum once (
   CHECK(model->weight.equal(at::full({1, 2}, 1.0 - 0.1 * 3.0)));
 }
 
-TEST_CASE("16-mixed steps with no loss skip unscale, step and update alike (P27)",
+TEST_CASE("16-mixed steps with no loss skip unscale, step and update alike",
           "[precision][fp16-mixed]") {
   // growth_interval 1: every update after a clean step doubles the scale, so the final scale
   // counts the updates.
@@ -443,7 +444,7 @@ TEST_CASE("16-mixed steps with no loss skip unscale, step and update alike (P27)
   CHECK(rt.precision().scaler().get_scale() == 8.0 * 2 * 2 * 2);  // exactly 3 updates
 }
 
-TEST_CASE("two fp32 and two 16-mixed CPU runs are bitwise equal (P35)", "[precision][parity]") {
+TEST_CASE("two fp32 and two 16-mixed CPU runs are bitwise equal", "[precision][parity]") {
   auto run = [](auto policy) {
     torch::manual_seed(3);
     torch::nn::Linear model(4, 2);

@@ -1,4 +1,5 @@
-// The shipped precision policies' hooks (precision.md §2, §3.1, §5; cases P6-P15) and the
+// The shipped precision policies' hooks (default dtype inside the contexts, in-place casts of
+// floating parameters and buffers, literals, outputs back in fp32, nested batches) and the
 // laws every policy keeps, checked over all of them.
 #include <complex>
 #include <stdexcept>
@@ -72,7 +73,7 @@ TEMPLATE_LIST_TEST_CASE("contexts restore the default dtype and autocast state, 
   check_restored();
 }
 
-TEMPLATE_LIST_TEST_CASE("true-dtype policies set the default dtype inside every context (P6, P8, P9)",
+TEMPLATE_LIST_TEST_CASE("true-dtype policies set the default dtype inside every context ",
                         "[precision][uniform]", UniformPolicies) {
   TestType p;
   constexpr auto dt = TestType::dtype();
@@ -89,7 +90,7 @@ TEMPLATE_LIST_TEST_CASE("true-dtype policies set the default dtype inside every 
     CHECK_FALSE(at::autocast::is_autocast_enabled(c10::kCPU));
   }
   {
-    // P11: float literals take the policy dtype, int literals stay int64, explicit dtypes kept.
+    // Float literals take the policy dtype, int literals stay int64, explicit dtypes kept.
     [[maybe_unused]] auto g = p.tensor_init_context();
     CHECK(at::ones({1}).scalar_type() == dt);
     CHECK(at::arange(3).scalar_type() == at::kLong);
@@ -98,7 +99,7 @@ TEMPLATE_LIST_TEST_CASE("true-dtype policies set the default dtype inside every 
   CHECK(default_dtype() == at::kFloat);
 }
 
-TEMPLATE_LIST_TEST_CASE("true-dtype policies cast floating params and buffers only, in place (P10)",
+TEMPLATE_LIST_TEST_CASE("true-dtype policies cast floating params and buffers only, in place",
                         "[precision][uniform]", UniformPolicies) {
   torch::nn::Sequential net(torch::nn::Linear(3, 4), torch::nn::BatchNorm1d(4));
   auto complex = std::make_shared<WithComplexBuffer>();
@@ -121,7 +122,7 @@ TEMPLATE_LIST_TEST_CASE("true-dtype policies cast floating params and buffers on
   CHECK_FALSE(w.equal(before));
 }
 
-TEST_CASE("Fp64 end to end: params, buffers, inputs, literals, outputs, grads (P8, P12, P13)",
+TEST_CASE("Fp64 end to end: params, buffers, inputs, literals, outputs, grads",
           "[precision][fp64]") {
   Runtime<Cpu, Fp64> rt;
   torch::nn::Linear model{nullptr};
@@ -156,7 +157,7 @@ TEST_CASE("Fp64 end to end: params, buffers, inputs, literals, outputs, grads (P
   CHECK(rt.optimizer_step(opt));
 }
 
-TEST_CASE("true half policies train a step in their dtype (P9)", "[precision][half]") {
+TEST_CASE("true half policies train a step in their dtype", "[precision][half]") {
   Runtime<Cpu, Bf16True> rt;
   torch::manual_seed(0);
   torch::nn::Linear model(4, 1);
@@ -180,7 +181,7 @@ TEST_CASE("true half policies train a step in their dtype (P9)", "[precision][ha
   STATIC_REQUIRE(Bf16True::precision() == "bf16-true");
 }
 
-TEST_CASE("casting nested batches per policy (P14, P15)", "[precision][cast]") {
+TEST_CASE("casting nested batches per policy", "[precision][cast]") {
   auto batch = std::make_tuple(at::ones({2}, at::kHalf), at::ones({2}), at::ones({2}, at::kDouble),
                                at::arange(2), at::ones({2}, at::kBool),
                                std::map<std::string, at::Tensor>{{"x", at::ones({1})}});
