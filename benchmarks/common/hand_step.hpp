@@ -26,7 +26,7 @@ inline void scaled_backward_and_step(const at::Tensor& loss, torch::nn::Module& 
                                      torch::optim::Optimizer& opt, Scale& s) {
   (loss * s.scale).backward();
   auto inv = s.scale.to(at::kDouble).reciprocal().to(at::kFloat);  // () f32
-  auto found_inf = at::zeros({}, s.scale.options());                // () f32
+  auto found_inf = at::zeros({}, s.scale.options());               // () f32
   std::vector<at::Tensor> grads;
   for (auto& p : model.parameters()) {
     if (p.grad().defined()) grads.push_back(p.grad());

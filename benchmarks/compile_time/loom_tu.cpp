@@ -21,21 +21,19 @@ at::Tensor exercise(torch::nn::Sequential& model, torch::optim::SGD& opt, const 
   return l;
 }
 
-#define LOOM_EXERCISE(D)                                                                     \
-  template at::Tensor exercise<D, loom::Fp32>(torch::nn::Sequential&, torch::optim::SGD&,     \
-                                              const at::Tensor&, const at::Tensor&);          \
-  template at::Tensor exercise<D, loom::Fp64>(torch::nn::Sequential&, torch::optim::SGD&,     \
-                                              const at::Tensor&, const at::Tensor&);          \
-  template at::Tensor exercise<D, loom::Fp16True>(torch::nn::Sequential&, torch::optim::SGD&, \
-                                                  const at::Tensor&, const at::Tensor&);      \
-  template at::Tensor exercise<D, loom::Bf16True>(torch::nn::Sequential&, torch::optim::SGD&, \
-                                                  const at::Tensor&, const at::Tensor&);      \
-  template at::Tensor exercise<D, loom::Fp16Mixed>(torch::nn::Sequential&,                    \
-                                                   torch::optim::SGD&, const at::Tensor&,     \
-                                                   const at::Tensor&);                        \
-  template at::Tensor exercise<D, loom::Bf16Mixed>(torch::nn::Sequential&,                    \
-                                                   torch::optim::SGD&, const at::Tensor&,     \
-                                                   const at::Tensor&);
+#define LOOM_EXERCISE(D)                                                                       \
+  template at::Tensor exercise<D, loom::Fp32>(torch::nn::Sequential&, torch::optim::SGD&,      \
+                                              const at::Tensor&, const at::Tensor&);           \
+  template at::Tensor exercise<D, loom::Fp64>(torch::nn::Sequential&, torch::optim::SGD&,      \
+                                              const at::Tensor&, const at::Tensor&);           \
+  template at::Tensor exercise<D, loom::Fp16True>(torch::nn::Sequential&, torch::optim::SGD&,  \
+                                                  const at::Tensor&, const at::Tensor&);       \
+  template at::Tensor exercise<D, loom::Bf16True>(torch::nn::Sequential&, torch::optim::SGD&,  \
+                                                  const at::Tensor&, const at::Tensor&);       \
+  template at::Tensor exercise<D, loom::Fp16Mixed>(torch::nn::Sequential&, torch::optim::SGD&, \
+                                                   const at::Tensor&, const at::Tensor&);      \
+  template at::Tensor exercise<D, loom::Bf16Mixed>(torch::nn::Sequential&, torch::optim::SGD&, \
+                                                   const at::Tensor&, const at::Tensor&);
 
 LOOM_EXERCISE(loom::Cpu)
 #ifdef LOOM_WITH_CUDA

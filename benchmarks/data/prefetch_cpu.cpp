@@ -11,8 +11,8 @@
 
 #include <benchmark/benchmark.h>
 
-#include <loom/device/prefetch.hpp>
 #include <loom/device/cpu.hpp>
+#include <loom/device/prefetch.hpp>
 
 namespace {
 
@@ -39,8 +39,8 @@ void bm_loader(benchmark::State& state) {
     benchmark::DoNotOptimize(std::get<0>(b).data_ptr());
   };
   auto inline_view = cpu.dataloader_to_device(source);
-  auto prefetch_view = cpu.dataloader_to_device(source, loom::device::NoPrefetch{},
-                                                loom::device::Prefetch{std::max<std::size_t>(depth, 1)});
+  auto prefetch_view = cpu.dataloader_to_device(
+      source, loom::device::NoPrefetch{}, loom::device::Prefetch{std::max<std::size_t>(depth, 1)});
   double total = 0;
   for (auto _ : state) {
     const auto start = Clock::now();

@@ -18,8 +18,8 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <loom/device/prefetch.hpp>
 #include <loom/device/cuda.hpp>
+#include <loom/device/prefetch.hpp>
 
 namespace {
 
@@ -58,15 +58,17 @@ Result run(const loom::device::Cuda& cuda, std::vector<at::Tensor>& source, cons
     c10::cuda::device_synchronize();
     const double s = seconds_since(start) / n;
     const auto stats = alloc::getDeviceStats(dev);
-    r.peak_mib.push_back(
-        double(stats.allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
-                   .peak) /
-        (1 << 20));
+    r.peak_mib.push_back(double(stats
+                                    .allocated_bytes[static_cast<std::size_t>(
+                                        c10::CachingAllocator::StatType::AGGREGATE)]
+                                    .peak) /
+                         (1 << 20));
     return s;
   };
   double total = 0;
   if (prefetch) {
-    auto view = cuda.dataloader_to_device(source, loom::device::NoPrefetch{}, loom::device::Prefetch{1});
+    auto view =
+        cuda.dataloader_to_device(source, loom::device::NoPrefetch{}, loom::device::Prefetch{1});
     epoch(view);  // warm-up
     r.peak_mib.clear();
     for (int e = 0; e < epochs; ++e) total += epoch(view);
@@ -103,7 +105,8 @@ void print_case(const char* name, const Result& off, const Result& on) {
   std::printf("%s.off_ms %.4f\n%s.on_ms %.4f\n%s.ratio %.4f\n", name, off.mean_step_ms, name,
               on.mean_step_ms, name, on.mean_step_ms / off.mean_step_ms);
   for (std::size_t e = 0; e < on.peak_mib.size(); ++e) {
-    std::printf("%s.peak_mib.epoch%zu off %.1f on %.1f\n", name, e, off.peak_mib[e], on.peak_mib[e]);
+    std::printf("%s.peak_mib.epoch%zu off %.1f on %.1f\n", name, e, off.peak_mib[e],
+                on.peak_mib[e]);
   }
 }
 
@@ -119,8 +122,8 @@ int main(int argc, char** argv) {
   }
   loom::device::Cuda cuda(0);
   cuda.prepare();
-  const int64_t n = 1024;                                        // model width
-  const int64_t rows = int64_t(batch_mib) * (1 << 20) / 4 / n;   // (rows, 1024) f32
+  const int64_t n = 1024;                                       // model width
+  const int64_t rows = int64_t(batch_mib) * (1 << 20) / 4 / n;  // (rows, 1024) f32
   std::vector<at::Tensor> source;
   for (int i = 0; i < batches; ++i) source.push_back(at::randn({rows, n}).pin_memory());
   at::Tensor weight = at::randn({n, n}, at::TensorOptions().device(cuda.device())) / 32;

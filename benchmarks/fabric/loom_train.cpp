@@ -88,7 +88,7 @@ std::vector<double> train(const Options& o, Device device, P policy) {
     rt.setup(model, opt);
     auto step = [&](int i) {
       auto [x, y] = rt.to_device(std::make_tuple(xs[i % o.batches], ys[i % o.batches]));
-      auto out = rt.forward(model, x);                                // (B, classes)
+      auto out = rt.forward(model, x);  // (B, classes)
       auto loss = torch::nn::functional::cross_entropy(out, y);
       rt.backward(loss, model);
       rt.optimizer_step(opt);
@@ -100,10 +100,12 @@ std::vector<double> train(const Options& o, Device device, P policy) {
     auto t0 = std::chrono::steady_clock::now();
     for (int k = 0; k < o.steps; ++k, ++i) step(i);
     if (o.device == "cuda") torch::cuda::synchronize();
-    rates.push_back(o.steps / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    rates.push_back(o.steps /
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   int i = 0;
-  for (auto& p : model->parameters()) write_bin(o.dir + "/loom_final_" + std::to_string(i++) + ".bin", p);
+  for (auto& p : model->parameters())
+    write_bin(o.dir + "/loom_final_" + std::to_string(i++) + ".bin", p);
   return rates;
 }
 
@@ -115,15 +117,24 @@ int main(int argc, char** argv) {
     for (int i = 1; i + 1 < argc; i += 2) {
       std::string_view a = argv[i];
       std::string v = argv[i + 1];
-      if (a == "--dir") o.dir = v;
-      else if (a == "--precision") o.precision = v;
-      else if (a == "--device") o.device = v;
-      else if (a == "--batch") o.batch = std::stoll(v);
-      else if (a == "--batches") o.batches = std::stoll(v);
-      else if (a == "--steps") o.steps = std::stoi(v);
-      else if (a == "--warmup") o.warmup = std::stoi(v);
-      else if (a == "--reps") o.reps = std::stoi(v);
-      else if (a == "--threads") o.threads = std::stoi(v);
+      if (a == "--dir")
+        o.dir = v;
+      else if (a == "--precision")
+        o.precision = v;
+      else if (a == "--device")
+        o.device = v;
+      else if (a == "--batch")
+        o.batch = std::stoll(v);
+      else if (a == "--batches")
+        o.batches = std::stoll(v);
+      else if (a == "--steps")
+        o.steps = std::stoi(v);
+      else if (a == "--warmup")
+        o.warmup = std::stoi(v);
+      else if (a == "--reps")
+        o.reps = std::stoi(v);
+      else if (a == "--threads")
+        o.threads = std::stoi(v);
       else if (a == "--sizes") {
         std::stringstream ss(v);
         for (std::string s; std::getline(ss, s, ',');) o.sizes.push_back(std::stoll(s));
@@ -131,7 +142,8 @@ int main(int argc, char** argv) {
         throw std::invalid_argument("unknown argument " + std::string(a));
       }
     }
-    if (o.dir.empty() || o.sizes.size() < 2) throw std::invalid_argument("--dir and --sizes are required");
+    if (o.dir.empty() || o.sizes.size() < 2)
+      throw std::invalid_argument("--dir and --sizes are required");
     at::set_num_threads(o.threads);
     auto rates = loom::with_precision(o.precision, [&](auto policy) {
       if (o.device == "cuda") return train(o, loom::Cuda(), policy);
@@ -143,9 +155,10 @@ int main(int argc, char** argv) {
       best = std::max(best, r);
       list += (list.empty() ? "" : ", ") + std::to_string(r);
     }
-    std::printf("{\"impl\": \"loom\", \"precision\": \"%s\", \"device\": \"%s\", \"threads\": %d, "
-                "\"steps_per_s\": [%s], \"best_steps_per_s\": %.3f}\n",
-                o.precision.c_str(), o.device.c_str(), o.threads, list.c_str(), best);
+    std::printf(
+        "{\"impl\": \"loom\", \"precision\": \"%s\", \"device\": \"%s\", \"threads\": %d, "
+        "\"steps_per_s\": [%s], \"best_steps_per_s\": %.3f}\n",
+        o.precision.c_str(), o.device.c_str(), o.threads, list.c_str(), best);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loom_fabric_train: %s\n", e.what());

@@ -88,10 +88,10 @@ void virtual_post_backward(benchmark::State& state) {
   }
 }
 
-#define LOOM_HOOK_BENCH(hook)                                                        \
-  BENCHMARK(static_##hook<loom::Fp32>)->Name("static/" #hook "/32-true");            \
-  BENCHMARK(virtual_##hook<loom::Fp32>)->Name("virtual/" #hook "/32-true");          \
-  BENCHMARK(static_##hook<loom::Bf16Mixed>)->Name("static/" #hook "/bf16-mixed");    \
+#define LOOM_HOOK_BENCH(hook)                                                     \
+  BENCHMARK(static_##hook<loom::Fp32>)->Name("static/" #hook "/32-true");         \
+  BENCHMARK(virtual_##hook<loom::Fp32>)->Name("virtual/" #hook "/32-true");       \
+  BENCHMARK(static_##hook<loom::Bf16Mixed>)->Name("static/" #hook "/bf16-mixed"); \
   BENCHMARK(virtual_##hook<loom::Bf16Mixed>)->Name("virtual/" #hook "/bf16-mixed");
 
 LOOM_HOOK_BENCH(forward_context)

@@ -20,9 +20,9 @@
 // Output: one JSON object on stdout. Threads: --threads (default 1: the model is tiny).
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -32,8 +32,8 @@
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/_amp_update_scale.h>
 #include <torch/nn/functional/loss.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
@@ -172,10 +172,14 @@ struct HandTrainer {
   }();
   HandScale scale;
   at::Tensor step(const at::Tensor& x, const at::Tensor& y) {
-    if constexpr (std::is_same_v<P, loom::Fp32>) return hand_fp32(model, opt, x, y);
-    else if constexpr (std::is_same_v<P, loom::Fp16Mixed>) return hand_mixed<c10::kHalf, true>(model, opt, x, y, scale);
-    else if constexpr (std::is_same_v<P, loom::Bf16Mixed>) return hand_mixed<c10::kBFloat16, false>(model, opt, x, y, scale);
-    else return hand_true<P::dtype()>(model, opt, x, y);
+    if constexpr (std::is_same_v<P, loom::Fp32>)
+      return hand_fp32(model, opt, x, y);
+    else if constexpr (std::is_same_v<P, loom::Fp16Mixed>)
+      return hand_mixed<c10::kHalf, true>(model, opt, x, y, scale);
+    else if constexpr (std::is_same_v<P, loom::Bf16Mixed>)
+      return hand_mixed<c10::kBFloat16, false>(model, opt, x, y, scale);
+    else
+      return hand_true<P::dtype()>(model, opt, x, y);
   }
 };
 
@@ -271,25 +275,38 @@ void wall(const Options& o, const Data& d, bool first) {
   };
   for (int r = 0; r < o.rounds; ++r) {  // rotate the order so that no impl always runs first
     switch (r % 3) {
-      case 0: time(hand, ih, h); time(lm, il, l); time(virt, iv, v); break;
-      case 1: time(lm, il, l); time(virt, iv, v); time(hand, ih, h); break;
-      default: time(virt, iv, v); time(hand, ih, h); time(lm, il, l); break;
+      case 0:
+        time(hand, ih, h);
+        time(lm, il, l);
+        time(virt, iv, v);
+        break;
+      case 1:
+        time(lm, il, l);
+        time(virt, iv, v);
+        time(hand, ih, h);
+        break;
+      default:
+        time(virt, iv, v);
+        time(hand, ih, h);
+        time(lm, il, l);
+        break;
     }
     rl.push_back(l.wall.back() / h.wall.back());
     rv.push_back(v.wall.back() / h.wall.back());
     cl.push_back(l.cpu.back() / h.cpu.back());
     cv.push_back(v.cpu.back() / h.cpu.back());
   }
-  std::printf("%s    {\"precision\": \"%s\", \"hand_ns_per_step\": %.1f, \"loom_ns_per_step\": %.1f, "
-              "\"virtual_ns_per_step\": %.1f, \"loom_over_hand\": %.4f, \"virtual_over_hand\": %.4f, "
-              "\"hand_cpu_ns_per_step\": %.1f, \"loom_cpu_ns_per_step\": %.1f, "
-              "\"virtual_cpu_ns_per_step\": %.1f, \"loom_over_hand_cpu\": %.4f, "
-              "\"virtual_over_hand_cpu\": %.4f, "
-              "\"max_abs_diff_loom_hand\": %.3g, \"max_abs_diff_virtual_hand\": %.3g}",
-              first ? "" : ",\n", std::string(P::precision()).c_str(), median(h.wall),
-              median(l.wall), median(v.wall), median(rl), median(rv), median(h.cpu), median(l.cpu),
-              median(v.cpu), median(cl), median(cv), max_abs_diff(hand.model, lm.model),
-              max_abs_diff(virt.model, hand.model));
+  std::printf(
+      "%s    {\"precision\": \"%s\", \"hand_ns_per_step\": %.1f, \"loom_ns_per_step\": %.1f, "
+      "\"virtual_ns_per_step\": %.1f, \"loom_over_hand\": %.4f, \"virtual_over_hand\": %.4f, "
+      "\"hand_cpu_ns_per_step\": %.1f, \"loom_cpu_ns_per_step\": %.1f, "
+      "\"virtual_cpu_ns_per_step\": %.1f, \"loom_over_hand_cpu\": %.4f, "
+      "\"virtual_over_hand_cpu\": %.4f, "
+      "\"max_abs_diff_loom_hand\": %.3g, \"max_abs_diff_virtual_hand\": %.3g}",
+      first ? "" : ",\n", std::string(P::precision()).c_str(), median(h.wall), median(l.wall),
+      median(v.wall), median(rl), median(rv), median(h.cpu), median(l.cpu), median(v.cpu),
+      median(cl), median(cv), max_abs_diff(hand.model, lm.model),
+      max_abs_diff(virt.model, hand.model));
 }
 
 template <class P>
@@ -309,10 +326,11 @@ void count(const Options& o, const Data& d, bool first) {
   measure(lm, "loom");
   VirtualTrainer<P> virt;
   measure(virt, "virtual");
-  std::printf("%s    {\"precision\": \"%s\", \"steps\": %d, \"max_abs_diff_loom_hand\": %.3g, "
-              "\"max_abs_diff_virtual_hand\": %.3g}",
-              first ? "" : ",\n", name.c_str(), o.steps, max_abs_diff(hand.model, lm.model),
-              max_abs_diff(virt.model, hand.model));
+  std::printf(
+      "%s    {\"precision\": \"%s\", \"steps\": %d, \"max_abs_diff_loom_hand\": %.3g, "
+      "\"max_abs_diff_virtual_hand\": %.3g}",
+      first ? "" : ",\n", name.c_str(), o.steps, max_abs_diff(hand.model, lm.model),
+      max_abs_diff(virt.model, hand.model));
 }
 
 }  // namespace
@@ -322,13 +340,20 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string_view a = argv[i];
     const char* v = argv[i + 1];
-    if (a == "--mode") o.mode = v;
-    else if (a == "--rounds") o.rounds = std::atoi(v);
-    else if (a == "--block") o.block = std::atoi(v);
-    else if (a == "--steps") o.steps = std::atoi(v);
-    else if (a == "--warmup") o.warmup = std::atoi(v);
-    else if (a == "--threads") o.threads = std::atoi(v);
-    else if (a == "--precision") o.only = v;
+    if (a == "--mode")
+      o.mode = v;
+    else if (a == "--rounds")
+      o.rounds = std::atoi(v);
+    else if (a == "--block")
+      o.block = std::atoi(v);
+    else if (a == "--steps")
+      o.steps = std::atoi(v);
+    else if (a == "--warmup")
+      o.warmup = std::atoi(v);
+    else if (a == "--threads")
+      o.threads = std::atoi(v);
+    else if (a == "--precision")
+      o.only = v;
     else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);
       return 2;
@@ -337,17 +362,21 @@ int main(int argc, char** argv) {
   at::set_num_threads(o.threads);
   if (o.mode == "count") CALLGRIND_START_INSTRUMENTATION;
   Data d;
-  std::printf("{\"mode\": \"%s\", \"threads\": %d, \"model\": \"MLP %lld-%lld-%lld-%lld, batch %lld, "
-              "SGD momentum\", \"results\": [\n",
-              o.mode.c_str(), o.threads, (long long)kIn, (long long)kHidden, (long long)kHidden,
-              (long long)kClasses, (long long)kBatch);
+  std::printf(
+      "{\"mode\": \"%s\", \"threads\": %d, \"model\": \"MLP %lld-%lld-%lld-%lld, batch %lld, "
+      "SGD momentum\", \"results\": [\n",
+      o.mode.c_str(), o.threads, (long long)kIn, (long long)kHidden, (long long)kHidden,
+      (long long)kClasses, (long long)kBatch);
   bool first = true;
-  for (std::string_view name : {"32-true", "64-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed"}) {
+  for (std::string_view name :
+       {"32-true", "64-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed"}) {
     if (!o.only.empty() && o.only != name) continue;
     loom::with_precision(name, [&](auto policy) {
       using P = decltype(policy);
-      if (o.mode == "count") count<P>(o, d, first);
-      else wall<P>(o, d, first);
+      if (o.mode == "count")
+        count<P>(o, d, first);
+      else
+        wall<P>(o, d, first);
     });
     first = false;
     std::fflush(stdout);

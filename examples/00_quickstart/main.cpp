@@ -18,7 +18,6 @@
 #include <string>
 #include <type_traits>
 
-#include <CLI/CLI.hpp>
 #include <torch/data/dataloader.h>
 #include <torch/data/datasets/map.h>
 #include <torch/data/datasets/mnist.h>
@@ -29,6 +28,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
+#include <CLI/CLI.hpp>
 
 #include <loom/loom.hpp>
 
@@ -125,8 +125,8 @@ double train_and_evaluate(RT& rt, const Options& o) {
 
   auto train_set = dataset(o.data, Mode::kTrain);
   const auto n_train = *train_set.size();
-  auto train_loader = torch::data::make_data_loader(
-      std::move(train_set), torch::data::DataLoaderOptions(o.batch_size));
+  auto train_loader = torch::data::make_data_loader(std::move(train_set),
+                                                    torch::data::DataLoaderOptions(o.batch_size));
 
   std::printf("training an MLP on Fashion-MNIST (%zu images), %s on %s\n", n_train,
               std::string(RT::precision_name()).c_str(), std::string(rt.device().name()).c_str());

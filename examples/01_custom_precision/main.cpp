@@ -16,12 +16,12 @@
 #include <string_view>
 #include <utility>
 
-#include <CLI/CLI.hpp>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
+#include <CLI/CLI.hpp>
 
 #include <loom/loom.hpp>
 
@@ -67,9 +67,9 @@ struct Options {
 /// Generated data a small MLP can learn in a few dozen steps: the class of a point is the
 /// largest of four fixed random projections of it.
 std::pair<at::Tensor, at::Tensor> make_data(int64_t n) {
-  auto x = torch::randn({n, 16});                // (N, 16) f32
-  auto teacher = torch::randn({16, 4});          // (16, 4) f32
-  auto y = x.matmul(teacher).argmax(1);          // (N,) i64
+  auto x = torch::randn({n, 16});        // (N, 16) f32
+  auto teacher = torch::randn({16, 4});  // (16, 4) f32
+  auto y = x.matmul(teacher).argmax(1);  // (N,) i64
   return {x, y};
 }
 
@@ -92,7 +92,7 @@ int train(RT& rt, const Options& o) {
   double first_loss = 0;
   for (int64_t step = 0; step < o.steps; ++step) {
     const int64_t start = step % n_batches * o.batch_size;
-    auto batch = rt.to_device(std::pair(x.narrow(0, start, o.batch_size),   // (B, 16) f32
+    auto batch = rt.to_device(std::pair(x.narrow(0, start, o.batch_size),    // (B, 16) f32
                                         y.narrow(0, start, o.batch_size)));  // (B,) i64
     c10::ScalarType seen{};
     auto logits = rt.forward(

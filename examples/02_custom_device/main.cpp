@@ -20,12 +20,12 @@
 #include <vector>
 
 #include <ATen/Parallel.h>
-#include <CLI/CLI.hpp>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
+#include <CLI/CLI.hpp>
 
 #include <loom/loom.hpp>
 
@@ -107,7 +107,7 @@ std::vector<std::pair<at::Tensor, at::Tensor>> make_batches(int64_t n, int64_t s
   auto w = torch::randn({8, 1}) / std::sqrt(8.0);  // (8, 1) f32
   std::vector<std::pair<at::Tensor, at::Tensor>> batches;
   for (int64_t i = 0; i < n; ++i) {
-    auto x = torch::randn({size, 8});                               // (B, 8) f32
+    auto x = torch::randn({size, 8});                                    // (B, 8) f32
     auto y = torch::tanh(x.matmul(w)) + 0.05 * torch::randn({size, 1});  // (B, 1) f32
     batches.emplace_back(x, y);
   }
@@ -130,8 +130,8 @@ int run(const Options& o) {
   for (int epoch = 0; epoch < o.epochs; ++epoch) {
     // Any range of batches works as a source; each batch is moved as it is reached.
     for (auto& [x, y] : rt.dataloader(batches)) {
-      auto pred = rt.forward(model, x);                                  // (B, 1) f32
-      auto loss = torch::nn::functional::mse_loss(pred, y);              // () f32
+      auto pred = rt.forward(model, x);                      // (B, 1) f32
+      auto loss = torch::nn::functional::mse_loss(pred, y);  // () f32
       double l = rt.backward(loss, model).item<double>();
       rt.optimizer_step(opt);
       opt.zero_grad();

@@ -18,13 +18,13 @@
 #include <tuple>
 #include <type_traits>
 
-#include <CLI/CLI.hpp>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 #include <torch/optim/sgd.h>
+#include <CLI/CLI.hpp>
 
 #include <loom/loom.hpp>
 
@@ -52,7 +52,7 @@ struct loom::opaque<nested::Origin> : std::true_type {};
 
 namespace nested {
 
-using Pair = std::tuple<at::Tensor, at::Tensor>;    // features (B, 8) f32, labels (B,) i64
+using Pair = std::tuple<at::Tensor, at::Tensor>;     // features (B, 8) f32, labels (B,) i64
 using Features = std::map<std::string, at::Tensor>;  // dense (B, 8) f32, token_ids (B, 4) i64
 using Weights = std::optional<at::Tensor>;           // per-token weights (B, 4) f32, or none
 
@@ -85,8 +85,8 @@ int run(RT& rt) {
 
   // Built on the host, as a data pipeline would; to_device moves every tensor leaf at once.
   auto pair = rt.to_device(Pair(torch::randn({B, 8}), torch::randint(0, 3, {B})));
-  auto features = rt.to_device(Features{{"dense", torch::randn({B, 8})},
-                                        {"token_ids", torch::randint(0, 100, {B, 4})}});
+  auto features = rt.to_device(
+      Features{{"dense", torch::randn({B, 8})}, {"token_ids", torch::randint(0, 100, {B, 4})}});
   auto weights = rt.to_device(Weights(torch::rand({B, 4})));
   auto sample = rt.to_device(
       Sample{torch::randn({B, 1, 2, 4}), torch::randint(0, 100, {B, 4}), {"generated", 7}});
@@ -97,16 +97,19 @@ int run(RT& rt) {
   // forward context, after convert_input.
   std::map<std::string, std::string> seen;
   auto model = [&](const Pair& p, const Features& f, const Weights& w, const Sample& s) {
-    seen = {{"pair.features", dtype(std::get<0>(p))}, {"pair.labels", dtype(std::get<1>(p))},
-            {"map.dense", dtype(f.at("dense"))},      {"map.token_ids", dtype(f.at("token_ids"))},
-            {"optional.weights", dtype(w)},          {"struct.image", dtype(s.image)},
+    seen = {{"pair.features", dtype(std::get<0>(p))},
+            {"pair.labels", dtype(std::get<1>(p))},
+            {"map.dense", dtype(f.at("dense"))},
+            {"map.token_ids", dtype(f.at("token_ids"))},
+            {"optional.weights", dtype(w)},
+            {"struct.image", dtype(s.image)},
             {"struct.ids", dtype(s.ids)}};
-    auto tokens = net->embed(s.ids) + net->embed(f.at("token_ids"));         // (B, 4, 8)
-    auto token_weights = w ? w->unsqueeze(-1) : at::ones_like(tokens);       // (B, 4, 1|8)
-    auto pooled = (tokens * token_weights).mean(1);                          // (B, 8)
-    auto x = std::get<0>(p) + f.at("dense") + s.image.flatten(1) + pooled;   // (B, 8)
+    auto tokens = net->embed(s.ids) + net->embed(f.at("token_ids"));        // (B, 4, 8)
+    auto token_weights = w ? w->unsqueeze(-1) : at::ones_like(tokens);      // (B, 4, 1|8)
+    auto pooled = (tokens * token_weights).mean(1);                         // (B, 8)
+    auto x = std::get<0>(p) + f.at("dense") + s.image.flatten(1) + pooled;  // (B, 8)
     auto logits = net->head(torch::nn::functional::relu(net->hidden(x)));   // (B, 3)
-    auto pred = logits.argmax(1);                                            // (B,) i64
+    auto pred = logits.argmax(1);                                           // (B,) i64
     seen["output.logits"] = dtype(logits);
     seen["output.pred"] = dtype(pred);
     return Features{{"logits", logits}, {"pred", pred}};
@@ -121,8 +124,8 @@ int run(RT& rt) {
   row("optional.weights", dtype(weights), seen["optional.weights"]);
   row("struct.image", dtype(sample.image), seen["struct.image"]);
   row("struct.ids", dtype(sample.ids), seen["struct.ids"]);
-  std::printf("  %-18s %s row %lld, passed through\n", "struct.origin",
-              sample.origin.file.c_str(), static_cast<long long>(sample.origin.row));
+  std::printf("  %-18s %s row %lld, passed through\n", "struct.origin", sample.origin.file.c_str(),
+              static_cast<long long>(sample.origin.row));
   row("leaf", "inside", "after forward");
   row("output.logits", seen["output.logits"], dtype(out.at("logits")));
   row("output.pred", seen["output.pred"], dtype(out.at("pred")));

@@ -17,12 +17,12 @@
 #include <string>
 #include <utility>
 
-#include <CLI/CLI.hpp>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
+#include <CLI/CLI.hpp>
 
 #include <loom/loom.hpp>
 
@@ -40,7 +40,7 @@ struct Options {
 
 /// The class of a point is the largest of four fixed random projections of it.
 std::pair<at::Tensor, at::Tensor> make_data(int64_t n) {
-  auto x = torch::randn({n, 16});                // (N, 16) f32
+  auto x = torch::randn({n, 16});                      // (N, 16) f32
   auto y = x.matmul(torch::randn({16, 4})).argmax(1);  // (N,) i64
   return {x, y};
 }
@@ -69,9 +69,9 @@ int train(RT& rt, const Options& o) {
   double first_loss = 0;
   examples::Progress progress(o.steps, 10);
   for (int64_t step = 0; step < o.steps; ++step) {
-    auto input = x.narrow(0, step * o.batch_size, o.batch_size);   // (B, 16) f32
-    auto target = y.narrow(0, step * o.batch_size, o.batch_size);  // (B,) i64
-    auto logits = rt.forward(model, input);                        // (B, 4) f32
+    auto input = x.narrow(0, step * o.batch_size, o.batch_size);       // (B, 16) f32
+    auto target = y.narrow(0, step * o.batch_size, o.batch_size);      // (B,) i64
+    auto logits = rt.forward(model, input);                            // (B, 4) f32
     auto loss = torch::nn::functional::cross_entropy(logits, target);  // () f32
     double l = rt.backward(loss, model).template item<double>();
     // 16-mixed skips a step whose gradients overflowed, and lowers the scale.

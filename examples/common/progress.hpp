@@ -46,8 +46,7 @@ class Progress {
     window_[static_cast<std::size_t>(steps_ - 1) % window_.size()] = loss;
     const auto now = Clock::now();
     const double since_line = seconds(last_line_, now);
-    const bool due = tty_ ? since_line >= 0.1
-                          : steps_ % every_ == 0 || since_line >= plain_seconds;
+    const bool due = tty_ ? since_line >= 0.1 : steps_ % every_ == 0 || since_line >= plain_seconds;
     if (due) print(now);
   }
 

@@ -21,10 +21,11 @@ struct [[nodiscard]] NullGuard {
 /// The default dtype is process-global: never keep guards alive on two threads at once.
 template <c10::ScalarType Dtype>
 class [[nodiscard]] DefaultDtypeGuard {
-  static_assert(Dtype == c10::kFloat || Dtype == c10::kDouble || Dtype == c10::kHalf ||
-                    Dtype == c10::kBFloat16,
-                "loom::DefaultDtypeGuard<Dtype>: Dtype must be kFloat, kDouble, kHalf or kBFloat16, "
-                "the floating types LibTorch can use as its default dtype");
+  static_assert(
+      Dtype == c10::kFloat || Dtype == c10::kDouble || Dtype == c10::kHalf ||
+          Dtype == c10::kBFloat16,
+      "loom::DefaultDtypeGuard<Dtype>: Dtype must be kFloat, kDouble, kHalf or kBFloat16, "
+      "the floating types LibTorch can use as its default dtype");
 
  public:
   DefaultDtypeGuard() : saved_(c10::get_default_dtype()) {

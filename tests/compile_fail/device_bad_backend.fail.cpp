@@ -1,4 +1,5 @@
-// expect-error: it lacks `static constexpr std::string_view ddp_backend\(\)` naming "gloo", "nccl" or "mpi"
+// expect-error: it lacks `static constexpr std::string_view ddp_backend\(\)` naming "gloo", "nccl"
+// or "mpi"
 #include <loom/device/defaults.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/runtime.hpp>

@@ -68,9 +68,8 @@ struct toy_family {
 struct Single {
   static constexpr std::string_view strategy() { return "single"; }
 };
-using three_families =
-    loom::detail::family_list<loom::detail::device_family, loom::detail::precision_family,
-                              toy_family>;
+using three_families = loom::detail::family_list<loom::detail::device_family,
+                                                 loom::detail::precision_family, toy_family>;
 
 }  // namespace
 
@@ -101,19 +100,19 @@ TEST_CASE("PrecisionPolicy accepts shipped, minimal and custom policies", "[conc
 }
 
 TEST_CASE("PrecisionPolicy rejects a policy that lacks any one row", "[concepts][precision]") {
-  STATIC_REQUIRE(precision_rows_all_required(
-      std::make_integer_sequence<int, loom::testing::p_rows - 1>{}));
+  STATIC_REQUIRE(
+      precision_rows_all_required(std::make_integer_sequence<int, loom::testing::p_rows - 1>{}));
   STATIC_REQUIRE(loom::testing::p_movable == 0);
   // Each row's own check is the one that fails.
   using testing::p_has_state_dict;
   using testing::p_precision_has_convert_module;
   using testing::p_precision_has_optimizer_step;
-  STATIC_REQUIRE_FALSE(
-      loom::detail::precision_has_convert_module<PrecisionArchetype<p_precision_has_convert_module>>);
-  STATIC_REQUIRE(
-      loom::detail::precision_has_convert_input<PrecisionArchetype<p_precision_has_convert_module>>);
-  STATIC_REQUIRE_FALSE(
-      loom::detail::precision_has_optimizer_step<PrecisionArchetype<p_precision_has_optimizer_step>>);
+  STATIC_REQUIRE_FALSE(loom::detail::precision_has_convert_module<
+                       PrecisionArchetype<p_precision_has_convert_module>>);
+  STATIC_REQUIRE(loom::detail::precision_has_convert_input<
+                 PrecisionArchetype<p_precision_has_convert_module>>);
+  STATIC_REQUIRE_FALSE(loom::detail::precision_has_optimizer_step<
+                       PrecisionArchetype<p_precision_has_optimizer_step>>);
   STATIC_REQUIRE_FALSE(loom::detail::has_state_dict<PrecisionArchetype<p_has_state_dict>>);
   STATIC_REQUIRE_FALSE(Checkpointable<PrecisionArchetype<p_has_state_dict>>);
   STATIC_REQUIRE_FALSE(PrecisionPolicy<WrongReturn>);

@@ -9,27 +9,27 @@
 #include <tuple>
 #include <vector>
 
-#include "support/catch.hpp"
-#include "support/env.hpp"
-#include "support/warnings.hpp"
 #include <ATen/Context.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
+#include "support/catch.hpp"
+#include "support/env.hpp"
+#include "support/warnings.hpp"
 
-#include <loom/device/prefetch.hpp>
 #include <loom/device/cuda.hpp>
+#include <loom/device/prefetch.hpp>
 #include <loom/device/select.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/precision/mixed.hpp>
 #include <loom/runtime.hpp>
 
-using loom::device::Prefetch;
-using loom::device::Cuda;
-using loom::device::Tf32;
 using Catch::Matchers::Contains;
+using loom::device::Cuda;
+using loom::device::Prefetch;
+using loom::device::Tf32;
 using loom::testing::EnvGuard;
 
 namespace {
@@ -64,8 +64,8 @@ TEST_CASE("Cuda picks the explicit index, else LOCAL_RANK, and prepare sets it",
     if (count > 1) {
       CHECK(Cuda().index() == 1);
     } else {
-      CHECK_THROWS_WITH(Cuda(), Contains("device index 1 is out of range") &&
-                                    Contains("sees 1 CUDA device"));
+      CHECK_THROWS_WITH(
+          Cuda(), Contains("device index 1 is out of range") && Contains("sees 1 CUDA device"));
     }
   }
   {
@@ -129,8 +129,7 @@ TEST_CASE("tensor_to_device: pageable at once, pinned after a sync, D2H readable
   CHECK(cuda.tensor_to_device(a).unsafeGetTensorImpl() == a.unsafeGetTensorImpl());
 }
 
-TEST_CASE("dataloader_to_device on Cuda: order, count, errors, equal with prefetch",
-          "[gpu]") {
+TEST_CASE("dataloader_to_device on Cuda: order, count, errors, equal with prefetch", "[gpu]") {
   Cuda cuda(0);
   cuda.prepare();
   for (bool pinned : {false, true}) {

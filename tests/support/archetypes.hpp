@@ -25,12 +25,12 @@ namespace loom::testing {
 /// The PrecisionPolicy rows, Checkpointable's last: p_<row concept>.
 enum PrecisionRow {
   LOOM_DETAIL_PRECISION_ROWS(LOOM_TESTING_ROW_ENUM, p_)
-  LOOM_DETAIL_CHECKPOINTABLE_ROWS(LOOM_TESTING_ROW_ENUM, p_) p_rows
+      LOOM_DETAIL_CHECKPOINTABLE_ROWS(LOOM_TESTING_ROW_ENUM, p_) p_rows
 };
 /// The DevicePolicy rows, Checkpointable's last: d_<row concept>.
 enum DeviceRow {
   LOOM_DETAIL_DEVICE_ROWS(LOOM_TESTING_ROW_ENUM, d_)
-  LOOM_DETAIL_CHECKPOINTABLE_ROWS(LOOM_TESTING_ROW_ENUM, d_) d_rows
+      LOOM_DETAIL_CHECKPOINTABLE_ROWS(LOOM_TESTING_ROW_ENUM, d_) d_rows
 };
 #undef LOOM_TESTING_ROW_ENUM
 
@@ -38,152 +38,94 @@ enum DeviceRow {
 /// (p_movable) is not switched off: a constrained move constructor is not portable to Clang 14.
 template <int Missing>
 struct PrecisionArchetype {
-  static constexpr std::string_view precision()
-    requires(Missing != p_precision_has_name)
-  {
+  static constexpr std::string_view precision() requires(Missing != p_precision_has_name) {
     return "arch";
   }
-  NullGuard forward_context(c10::DeviceType)
-    requires(Missing != p_precision_has_forward_context)
-  {
+  NullGuard forward_context(c10::DeviceType) requires(Missing != p_precision_has_forward_context) {
     return {};
   }
-  NullGuard tensor_init_context()
-    requires(Missing != p_precision_has_tensor_init_context)
-  {
+  NullGuard tensor_init_context() requires(Missing != p_precision_has_tensor_init_context) {
     return {};
   }
-  NullGuard module_init_context()
-    requires(Missing != p_precision_has_module_init_context)
-  {
+  NullGuard module_init_context() requires(Missing != p_precision_has_module_init_context) {
     return {};
   }
-  void convert_module(torch::nn::Module&)
-    requires(Missing != p_precision_has_convert_module)
-  {}
-  at::Tensor convert_input(const at::Tensor& t)
-    requires(Missing != p_precision_has_convert_input)
-  {
+  void convert_module(torch::nn::Module&) requires(Missing != p_precision_has_convert_module) {}
+  at::Tensor convert_input(const at::Tensor& t) requires(Missing != p_precision_has_convert_input) {
     return t;
   }
-  at::Tensor convert_output(const at::Tensor& t)
-    requires(Missing != p_precision_has_convert_output)
-  {
+  at::Tensor convert_output(const at::Tensor& t) requires(Missing !=
+                                                          p_precision_has_convert_output) {
     return t;
   }
-  at::Tensor pre_backward(const at::Tensor& t, torch::nn::Module&)
-    requires(Missing != p_precision_has_pre_backward)
-  {
+  at::Tensor pre_backward(const at::Tensor& t,
+                          torch::nn::Module&) requires(Missing != p_precision_has_pre_backward) {
     return t;
   }
-  void backward(const at::Tensor& t, torch::nn::Module&)
-    requires(Missing != p_precision_has_backward)
-  {
+  void backward(const at::Tensor& t,
+                torch::nn::Module&) requires(Missing != p_precision_has_backward) {
     t.backward();
   }
-  at::Tensor post_backward(const at::Tensor& t, torch::nn::Module&)
-    requires(Missing != p_precision_has_post_backward)
-  {
+  at::Tensor post_backward(const at::Tensor& t,
+                           torch::nn::Module&) requires(Missing != p_precision_has_post_backward) {
     return t;
   }
-  bool optimizer_step(torch::optim::Optimizer&)
-    requires(Missing != p_precision_has_optimizer_step)
-  {
+  bool optimizer_step(torch::optim::Optimizer&) requires(Missing !=
+                                                         p_precision_has_optimizer_step) {
     return true;
   }
-  std::vector<at::Tensor> main_params(torch::optim::Optimizer&)
-    requires(Missing != p_precision_has_main_params)
-  {
+  std::vector<at::Tensor> main_params(torch::optim::Optimizer&) requires(
+      Missing != p_precision_has_main_params) {
     return {};
   }
-  void unscale_gradients(torch::optim::Optimizer&)
-    requires(Missing != p_precision_has_unscale_gradients)
-  {}
-  double clip_gradients(torch::optim::Optimizer&, double, precision::ClipAlgorithm, double)
-    requires(Missing != p_precision_has_clip_gradients)
-  {
+  void unscale_gradients(torch::optim::Optimizer&) requires(Missing !=
+                                                            p_precision_has_unscale_gradients) {}
+  double clip_gradients(torch::optim::Optimizer&, double, precision::ClipAlgorithm,
+                        double) requires(Missing != p_precision_has_clip_gradients) {
     return 0.0;
   }
-  double loss_scale() const
-    requires(Missing != p_precision_has_loss_scale)
-  {
-    return 1.0;
-  }
-  StateDict state_dict() const
-    requires(Missing != p_has_state_dict)
-  {
-    return {};
-  }
-  void load_state_dict(const StateDict&)
-    requires(Missing != p_has_load_state_dict)
-  {}
-  void teardown()
-    requires(Missing != p_has_teardown)
-  {}
+  double loss_scale() const requires(Missing != p_precision_has_loss_scale) { return 1.0; }
+  StateDict state_dict() const requires(Missing != p_has_state_dict) { return {}; }
+  void load_state_dict(const StateDict&) requires(Missing != p_has_load_state_dict) {}
+  void teardown() requires(Missing != p_has_teardown) {}
 };
 
 /// Lacks nothing for Missing < 0, else the row whose enumerator is Missing (not d_movable).
 template <int Missing>
 struct DeviceArchetype {
-  static constexpr c10::DeviceType device_type()
-    requires(Missing != d_device_has_device_type)
-  {
+  static constexpr c10::DeviceType device_type() requires(Missing != d_device_has_device_type) {
     return c10::kCPU;
   }
-  static constexpr std::string_view name()
-    requires(Missing != d_device_has_name)
-  {
-    return "arch";
-  }
-  static constexpr std::string_view ddp_backend()
-    requires(Missing != d_device_has_ddp_backend)
-  {
+  static constexpr std::string_view name() requires(Missing != d_device_has_name) { return "arch"; }
+  static constexpr std::string_view ddp_backend() requires(Missing != d_device_has_ddp_backend) {
     return "gloo";
   }
-  c10::Device device() const
-    requires(Missing != d_device_has_device)
-  {
+  c10::Device device() const requires(Missing != d_device_has_device) {
     return c10::Device(c10::kCPU);
   }
-  void prepare()
-    requires(Missing != d_device_has_prepare)
-  {}
-  void module_to_device(torch::nn::Module&)
-    requires(Missing != d_device_has_module_to_device)
-  {}
+  void prepare() requires(Missing != d_device_has_prepare) {}
+  void module_to_device(torch::nn::Module&) requires(Missing != d_device_has_module_to_device) {}
   at::Tensor tensor_to_device(const at::Tensor& t) const
-    requires(Missing != d_device_has_tensor_to_device)
-  {
+      requires(Missing != d_device_has_tensor_to_device) {
     return t;
   }
-  torch::optim::Optimizer& optimizer_to_device(torch::optim::Optimizer& o)
-    requires(Missing != d_device_has_optimizer_to_device)
-  {
+  torch::optim::Optimizer& optimizer_to_device(torch::optim::Optimizer& o) requires(
+      Missing != d_device_has_optimizer_to_device) {
     return o;
   }
   template <class Source, class Fn>
-  std::vector<at::Tensor> dataloader_to_device(Source&, Fn)
-    requires(Missing != d_device_has_dataloader_to_device)
-  {
+  std::vector<at::Tensor> dataloader_to_device(Source&,
+                                               Fn) requires(Missing !=
+                                                            d_device_has_dataloader_to_device) {
     return {};
   }
   template <class P>
-  auto precision_context(P& p) const
-    requires(Missing != d_device_has_precision_context)
-  {
+  auto precision_context(P& p) const requires(Missing != d_device_has_precision_context) {
     return p.forward_context(c10::kCPU);
   }
-  StateDict state_dict() const
-    requires(Missing != d_has_state_dict)
-  {
-    return {};
-  }
-  void load_state_dict(const StateDict&)
-    requires(Missing != d_has_load_state_dict)
-  {}
-  void teardown()
-    requires(Missing != d_has_teardown)
-  {}
+  StateDict state_dict() const requires(Missing != d_has_state_dict) { return {}; }
+  void load_state_dict(const StateDict&) requires(Missing != d_has_load_state_dict) {}
+  void teardown() requires(Missing != d_has_teardown) {}
 };
 
 }  // namespace loom::testing

@@ -2,13 +2,13 @@
 #include <string>
 #include <vector>
 
-#include "support/catch.hpp"
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
+#include "support/catch.hpp"
 
 #include <loom/loom.hpp>
 
@@ -26,7 +26,9 @@ namespace {
 struct LoggingLinearImpl : torch::nn::Module {
   CallLog* log;
   torch::nn::Linear inner{nullptr};
-  explicit LoggingLinearImpl(CallLog* l) : log(l) { inner = register_module("inner", torch::nn::Linear(2, 1)); }
+  explicit LoggingLinearImpl(CallLog* l) : log(l) {
+    inner = register_module("inner", torch::nn::Linear(2, 1));
+  }
   at::Tensor forward(const at::Tensor& x) {
     log->add("module.forward");
     return inner->forward(x);
@@ -58,7 +60,8 @@ TEST_CASE("setup converts the module, then moves it, then the optimizer", "[runt
   torch::nn::Linear model(2, 1);
   torch::optim::SGD opt(model->parameters(), 0.1);
   rt.setup(model, opt);
-  CHECK((log.calls == Strings{"prepare", "convert_module", "module_to_device", "optimizer_to_device"}));
+  CHECK((log.calls ==
+         Strings{"prepare", "convert_module", "module_to_device", "optimizer_to_device"}));
 }
 
 TEST_CASE("forward converts inputs, calls inside the scope, converts outputs after it",
@@ -69,7 +72,7 @@ TEST_CASE("forward converts inputs, calls inside the scope, converts outputs aft
   auto out = rt.forward(model, at::ones({3, 2}));
   CHECK((out.sizes() == at::IntArrayRef{3, 1}));
   CHECK((log.calls == Strings{"convert_input", "precision_context", "forward_context(cpu) enter",
-                             "module.forward", "forward_context(cpu) exit", "convert_output"}));
+                              "module.forward", "forward_context(cpu) exit", "convert_output"}));
 }
 
 TEST_CASE("forward converts every tensor of nested arguments", "[runtime][order]") {
@@ -109,9 +112,9 @@ TEST_CASE("the runtime's contexts come from the precision policy", "[runtime][or
   { [[maybe_unused]] auto g = rt.tensor_init_context(); }
   { [[maybe_unused]] auto g = rt.forward_context(); }
   CHECK((log.calls == Strings{"module_init_context enter", "module_init_context exit",
-                             "tensor_init_context enter", "tensor_init_context exit",
-                             "precision_context", "forward_context(cpu) enter",
-                             "forward_context(cpu) exit"}));
+                              "tensor_init_context enter", "tensor_init_context exit",
+                              "precision_context", "forward_context(cpu) enter",
+                              "forward_context(cpu) exit"}));
 }
 
 TEST_CASE("state_dict holds both policies' state and the precision's name", "[runtime][state]") {
@@ -123,8 +126,8 @@ TEST_CASE("state_dict holds both policies' state and the precision's name", "[ru
   CHECK(sd.at("device.seen").toStringRef() == "yes");
   CHECK(sd.at("precision.calls").toInt() == 2);  // device.state_dict ran first
   rt.load_state_dict(sd);
-  CHECK((log.calls == Strings{"device.state_dict", "precision.state_dict", "device.load_state_dict(1)",
-                             "precision.load_state_dict(1)"}));
+  CHECK((log.calls == Strings{"device.state_dict", "precision.state_dict",
+                              "device.load_state_dict(1)", "precision.load_state_dict(1)"}));
   log.calls.clear();
   rt.teardown();
   CHECK((log.calls == Strings{"teardown", "device.teardown"}));  // every policy's, device's too
@@ -136,17 +139,20 @@ TEST_CASE("load_state_dict refuses another precision's checkpoint", "[runtime][s
   CHECK(sd.size() == 1);
   CHECK_NOTHROW(rt.load_state_dict(sd));
   sd["precision"] = std::string("16-mixed");
-  CHECK_THROWS_WITH(rt.load_state_dict(sd), Catch::Matchers::Contains("saved with precision \"16-mixed\"") &&
-                           Catch::Matchers::Contains("uses \"32-true\""));
+  CHECK_THROWS_WITH(rt.load_state_dict(sd),
+                    Catch::Matchers::Contains("saved with precision \"16-mixed\"") &&
+                        Catch::Matchers::Contains("uses \"32-true\""));
   CHECK_THROWS_WITH(rt.load_state_dict({}), Catch::Matchers::Contains("no \"precision\""));
-  CHECK_THROWS_WITH(rt.load_state_dict({{"precision", std::string("32-true")}, {"x", 1}}), Catch::Matchers::Contains("unexpected key \"x\""));
+  CHECK_THROWS_WITH(rt.load_state_dict({{"precision", std::string("32-true")}, {"x", 1}}),
+                    Catch::Matchers::Contains("unexpected key \"x\""));
   CHECK_THROWS_WITH(rt.load_state_dict({{"precision", std::string("32-true")}, {"device.rng", 1}}),
                     Catch::Matchers::Contains("cpu device has no state"));
 }
 
 TEST_CASE("a generic training function takes the runtime as a template parameter", "[runtime]") {
   torch::manual_seed(0);
-  torch::nn::Sequential model(torch::nn::Linear(4, 16), torch::nn::Tanh(), torch::nn::Linear(16, 1));
+  torch::nn::Sequential model(torch::nn::Linear(4, 16), torch::nn::Tanh(),
+                              torch::nn::Linear(16, 1));
   torch::optim::Adam opt(model->parameters(), 0.01);
   loom::Runtime<loom::Cpu, loom::Fp32> rt;
   rt.setup(model, opt);
@@ -158,7 +164,8 @@ TEST_CASE("a generic training function takes the runtime as a template parameter
 TEST_CASE("a loom step is bitwise equal to the hand-written LibTorch step", "[runtime][parity]") {
   auto make = [] {
     torch::manual_seed(7);
-    return torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 1));
+    return torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::ReLU(),
+                                 torch::nn::Linear(8, 1));
   };
   auto a = make(), b = make();
   torch::optim::Adam oa(a->parameters(), 0.01), ob(b->parameters(), 0.01);

@@ -28,7 +28,8 @@ class [[nodiscard]] AutocastGuard {
       : device_(device) {
     if (dtype != c10::kHalf && dtype != c10::kBFloat16) {
       throw Error(std::string("loom::amp::AutocastGuard: autocast computes in kHalf or "
-                              "kBFloat16, not ") + c10::toString(dtype));
+                              "kBFloat16, not ") +
+                  c10::toString(dtype));
     }
     if (!detail::autocast_available(device)) {
       throw Error("loom::amp::AutocastGuard: LibTorch has no autocast for device type " +
@@ -36,12 +37,14 @@ class [[nodiscard]] AutocastGuard {
     }
     if (device == c10::kCUDA && enabled) {
       if (!detail::cuda_usable()) {
-        throw Error("loom::amp::AutocastGuard: a CUDA autocast scope needs a usable CUDA device, "
-                    "and none is available");
+        throw Error(
+            "loom::amp::AutocastGuard: a CUDA autocast scope needs a usable CUDA device, "
+            "and none is available");
       }
       if (dtype == c10::kBFloat16 && !detail::cuda_supports_bf16()) {
-        throw Error("loom::amp::AutocastGuard: this GPU does not support bf16 autocast "
-                    "(compute capability 8.0 or newer is needed); use 16-mixed");
+        throw Error(
+            "loom::amp::AutocastGuard: this GPU does not support bf16 autocast "
+            "(compute capability 8.0 or newer is needed); use 16-mixed");
       }
     }
     prev_enabled_ = detail::autocast_enabled(device);

@@ -119,8 +119,9 @@ class GradScaler {
     require_scale("unscale_");
     auto& state = state_of(optimizer);
     if (state.stage == Stage::Unscaled) {
-      throw Error("loom::amp::GradScaler::unscale_: unscale_() has already been called on this "
-                  "optimizer since the last update().");
+      throw Error(
+          "loom::amp::GradScaler::unscale_: unscale_() has already been called on this "
+          "optimizer since the last update().");
     }
     if (state.stage == Stage::Stepped) {
       throw Error("loom::amp::GradScaler::unscale_: unscale_() is being called after step().");
@@ -140,8 +141,9 @@ class GradScaler {
     }
     require_scale("step");
     if (state_of(optimizer).stage == Stage::Stepped) {
-      throw Error("loom::amp::GradScaler::step: step() has already been called since the last "
-                  "update().");
+      throw Error(
+          "loom::amp::GradScaler::step: step() has already been called since the last "
+          "update().");
     }
     if (state_of(optimizer).stage == Stage::Ready) unscale_(optimizer);
     auto& state = state_of(optimizer);  // unscale_ may have added entries; look up again
@@ -160,8 +162,9 @@ class GradScaler {
   /// as in torch (the closure would recompute unscaled gradients).
   bool step(torch::optim::Optimizer& optimizer, torch::optim::Optimizer::LossClosure closure) {
     if (options_.enabled) {
-      throw Error("loom::amp::GradScaler::step: Closure use is not currently supported if "
-                  "GradScaler is enabled.");
+      throw Error(
+          "loom::amp::GradScaler::step: Closure use is not currently supported if "
+          "GradScaler is enabled.");
     }
     optimizer.step(std::move(closure));
     return true;
@@ -256,8 +259,9 @@ class GradScaler {
   void load_state_dict(const StateDict& state) {
     if (!options_.enabled) return;
     if (state.empty()) {
-      throw Error("loom::amp::GradScaler::load_state_dict: The source state dict is empty, "
-                  "possibly because it was saved from a disabled instance of GradScaler.");
+      throw Error(
+          "loom::amp::GradScaler::load_state_dict: The source state dict is empty, "
+          "possibly because it was saved from a disabled instance of GradScaler.");
     }
     for (const auto& entry : state) {
       if (entry.first != "scale" && entry.first != "growth_factor" &&
@@ -312,15 +316,14 @@ class GradScaler {
   static int64_t integer(const StateDict& state, const std::string& key) {
     const auto& v = at(state, key);
     if (v.isInt()) return v.toInt();
-    throw Error("loom::amp::GradScaler::load_state_dict: \"" + key +
-                "\" must be an integer, got " + v.tagKind());
+    throw Error("loom::amp::GradScaler::load_state_dict: \"" + key + "\" must be an integer, got " +
+                v.tagKind());
   }
 
   static const c10::IValue& at(const StateDict& state, const std::string& key) {
     auto it = state.find(key);
     if (it == state.end()) {
-      throw Error("loom::amp::GradScaler::load_state_dict: the state has no \"" + key +
-                  "\" entry");
+      throw Error("loom::amp::GradScaler::load_state_dict: the state has no \"" + key + "\" entry");
     }
     return it->second;
   }

@@ -31,11 +31,11 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <torch/data/example.h>
 #include <boost/hana/accessors.hpp>
 #include <boost/hana/concept/struct.hpp>
 #include <boost/hana/for_each.hpp>
 #include <boost/hana/unpack.hpp>
-#include <torch/data/example.h>
 
 #include <loom/batch/adapt.hpp>
 #include <loom/detail/batch_case.hpp>
@@ -82,7 +82,8 @@ B map(const B& b, F&& f) {
               (out.emplace(std::in_place_index<I>, batch::map(std::get<I>(b), f)), true)) ||
              ...);
       return B(std::move(*out));
-    }(std::make_index_sequence<std::variant_size_v<B>>{});
+    }
+    (std::make_index_sequence<std::variant_size_v<B>>{});
   } else if constexpr (c == detail::Case::Map) {  // case [8]
     B out = b;
     for (auto& kv : out) kv.second = batch::map(kv.second, f);

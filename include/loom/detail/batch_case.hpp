@@ -16,10 +16,10 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <torch/data/example.h>
 #include <boost/hana/accessors.hpp>
 #include <boost/hana/concept/struct.hpp>
 #include <boost/hana/unpack.hpp>
-#include <torch/data/example.h>
 
 #include <loom/batch/adapt.hpp>
 #include <loom/detail/meta.hpp>
@@ -27,7 +27,18 @@
 namespace loom::detail {
 
 /// The rows of batch/walk.hpp's dispatch table.
-enum class Case { Tensor = 1, Scalar, Example, Tuple, Sequence, Optional, Variant, Map, Hana, None };
+enum class Case {
+  Tensor = 1,
+  Scalar,
+  Example,
+  Tuple,
+  Sequence,
+  Optional,
+  Variant,
+  Map,
+  Hana,
+  None
+};
 
 template <class T>
 inline constexpr bool is_example = false;
@@ -46,8 +57,7 @@ constexpr Case case_of() {
     return Case::Scalar;
   } else if constexpr (is_example<U>) {
     return Case::Example;
-  } else if constexpr (is_specialization_of<U, std::tuple> ||
-                       is_specialization_of<U, std::pair>) {
+  } else if constexpr (is_specialization_of<U, std::tuple> || is_specialization_of<U, std::pair>) {
     return Case::Tuple;
   } else if constexpr (is_specialization_of<U, std::vector> ||
                        is_specialization_of<U, std::deque> || is_std_array<U>) {
@@ -82,13 +92,15 @@ constexpr bool is_walkable() {
   } else if constexpr (c == Case::Tuple) {
     return []<std::size_t... I>(std::index_sequence<I...>) {
       return (is_walkable<std::tuple_element_t<I, U>>() && ...);
-    }(std::make_index_sequence<std::tuple_size_v<U>>{});
+    }
+    (std::make_index_sequence<std::tuple_size_v<U>>{});
   } else if constexpr (c == Case::Sequence || c == Case::Optional) {
     return is_walkable<typename U::value_type>();
   } else if constexpr (c == Case::Variant) {
     return []<std::size_t... I>(std::index_sequence<I...>) {
       return (is_walkable<std::variant_alternative_t<I, U>>() && ...);
-    }(std::make_index_sequence<std::variant_size_v<U>>{});
+    }
+    (std::make_index_sequence<std::variant_size_v<U>>{});
   } else if constexpr (c == Case::Map) {
     return is_walkable<typename U::mapped_type>();
   } else if constexpr (c == Case::Hana) {

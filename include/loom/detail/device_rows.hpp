@@ -52,7 +52,8 @@ template <class D>
 concept device_has_ddp_backend = requires {
   { D::ddp_backend() } -> std::same_as<std::string_view>;
   typename constant<D::ddp_backend().size()>;
-} && is_ddp_backend(D::ddp_backend());
+}
+&&is_ddp_backend(D::ddp_backend());
 template <class D>
 concept device_has_device = requires(const D& d) {
   { d.device() } -> std::same_as<c10::Device>;
@@ -74,10 +75,10 @@ concept device_has_optimizer_to_device = requires(D& d, torch::optim::Optimizer&
   { d.optimizer_to_device(o) } -> std::same_as<torch::optim::Optimizer&>;
 };
 template <class D>
-concept device_has_dataloader_to_device =
-    requires(D& d, std::vector<at::Tensor>& source, prefetch_archetype fn) {
-      { d.dataloader_to_device(source, fn) } -> std::ranges::input_range;
-    };
+concept device_has_dataloader_to_device = requires(D& d, std::vector<at::Tensor>& source,
+                                                   prefetch_archetype fn) {
+  { d.dataloader_to_device(source, fn) } -> std::ranges::input_range;
+};
 template <class D>
 concept device_has_precision_context = requires(const D& d, precision_archetype& p) {
   { d.precision_context(p) } -> ScopeGuard;
@@ -125,7 +126,8 @@ struct device_check {
                 "loom::Runtime: the Device argument is torch::Device (or c10::DeviceType), not a "
                 "device policy. Common mistake: pass a policy such as loom::Cpu or loom::Cuda, "
                 "which holds a torch::Device (docs/concepts/device_policy.md)");
-  static constexpr bool value = device_rows_check<std::conditional_t<mistake, skip_checks, D>>::value;
+  static constexpr bool value =
+      device_rows_check<std::conditional_t<mistake, skip_checks, D>>::value;
 };
 
 }  // namespace loom::detail

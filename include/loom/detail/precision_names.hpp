@@ -6,7 +6,7 @@
 #include <string_view>
 
 /// The names loom accepts, canonical ones first, as one string literal.
-#define LOOM_DETAIL_PRECISION_NAMES                                                  \
+#define LOOM_DETAIL_PRECISION_NAMES                                                     \
   "\"32-true\", \"64-true\", \"16-true\", \"bf16-true\", \"16-mixed\", \"bf16-mixed\" " \
   "(aliases: 32, \"32\", 64, \"64\", 16, \"16\", \"bf16\")"
 
@@ -17,14 +17,12 @@ template <std::size_t N>
 struct PrecisionName {
   char text[N]{};
   constexpr PrecisionName(const char (&s)[N]) { std::copy_n(s, N, text); }
-  constexpr PrecisionName(int bits)
-    requires(N == 3)
-  {  // 16, 32, 64 -> "16", "32", "64"
+  constexpr PrecisionName(int bits) requires(N == 3) {  // 16, 32, 64 -> "16", "32", "64"
     text[0] = static_cast<char>('0' + bits / 10 % 10);
     text[1] = static_cast<char>('0' + bits % 10);
   }
   constexpr std::string_view view() const { return {text, N - 1}; }
 };
-PrecisionName(int) -> PrecisionName<3>;
+PrecisionName(int)->PrecisionName<3>;
 
 }  // namespace loom::detail

@@ -85,10 +85,10 @@ concept precision_has_unscale_gradients = requires(P& p, torch::optim::Optimizer
   { p.unscale_gradients(o) } -> std::same_as<void>;
 };
 template <class P>
-concept precision_has_clip_gradients =
-    requires(P& p, torch::optim::Optimizer& o, double v, precision::ClipAlgorithm a) {
-      { p.clip_gradients(o, v, a, v) } -> std::same_as<double>;
-    };
+concept precision_has_clip_gradients = requires(P& p, torch::optim::Optimizer& o, double v,
+                                                precision::ClipAlgorithm a) {
+  { p.clip_gradients(o, v, a, v) } -> std::same_as<double>;
+};
 template <class P>
 concept precision_has_loss_scale = requires(const P& p) {
   { p.loss_scale() } -> std::same_as<double>;
@@ -130,8 +130,8 @@ concept precision_has_loss_scale = requires(const P& p) {
 
 /// One static_assert per PrecisionPolicy row (Checkpointable's included), each naming the
 /// member a policy lacks.
-LOOM_DETAIL_ROWS_CHECK(precision_rows_check, LOOM_DETAIL_PRECISION_ROWS, LOOM_DETAIL_PRECISION_LACKS,
-                       LOOM_DETAIL_PRECISION_PAGE)
+LOOM_DETAIL_ROWS_CHECK(precision_rows_check, LOOM_DETAIL_PRECISION_ROWS,
+                       LOOM_DETAIL_PRECISION_LACKS, LOOM_DETAIL_PRECISION_PAGE)
 
 /// Element types and dtypes: what a Precision argument often is by mistake.
 template <class T>

@@ -15,23 +15,52 @@ template <PrecisionName S>
 struct select_precision {
   static_assert(S.view().substr(0, 18) != "transformer-engine",
                 "loom::precision_t: \"transformer-engine\" precision is not supported by loom");
-  static_assert(S.view().substr(0, 18) == "transformer-engine",
-                "loom::precision_t<Name>: unknown precision name. Allowed: "
-                LOOM_DETAIL_PRECISION_NAMES);
+  static_assert(
+      S.view().substr(0, 18) == "transformer-engine",
+      "loom::precision_t<Name>: unknown precision name. Allowed: " LOOM_DETAIL_PRECISION_NAMES);
 };
-template <> struct select_precision<"32-true"> { using type = precision::Fp32; };
-template <> struct select_precision<"32"> { using type = precision::Fp32; };
-template <> struct select_precision<"64-true"> { using type = precision::Fp64; };
-template <> struct select_precision<"64"> { using type = precision::Fp64; };
-template <> struct select_precision<"16-true"> { using type = precision::Fp16True; };
-template <> struct select_precision<"bf16-true"> { using type = precision::Bf16True; };
-template <> struct select_precision<"16-mixed"> { using type = precision::Fp16Mixed; };
-template <> struct select_precision<"bf16-mixed"> { using type = precision::Bf16Mixed; };
+template <>
+struct select_precision<"32-true"> {
+  using type = precision::Fp32;
+};
+template <>
+struct select_precision<"32"> {
+  using type = precision::Fp32;
+};
+template <>
+struct select_precision<"64-true"> {
+  using type = precision::Fp64;
+};
+template <>
+struct select_precision<"64"> {
+  using type = precision::Fp64;
+};
+template <>
+struct select_precision<"16-true"> {
+  using type = precision::Fp16True;
+};
+template <>
+struct select_precision<"bf16-true"> {
+  using type = precision::Bf16True;
+};
+template <>
+struct select_precision<"16-mixed"> {
+  using type = precision::Fp16Mixed;
+};
+template <>
+struct select_precision<"bf16-mixed"> {
+  using type = precision::Bf16Mixed;
+};
 // The discouraged aliases. At run time with_precision warns about them; at compile time no
 // compiler reliably reports a [[deprecated]] reached through an alias template, so they are
 // accepted silently here.
-template <> struct select_precision<"16"> { using type = precision::Fp16Mixed; };
-template <> struct select_precision<"bf16"> { using type = precision::Bf16Mixed; };
+template <>
+struct select_precision<"16"> {
+  using type = precision::Fp16Mixed;
+};
+template <>
+struct select_precision<"bf16"> {
+  using type = precision::Bf16Mixed;
+};
 
 }  // namespace loom::detail
-

@@ -20,16 +20,16 @@
 
 /// `name<T>`: one static_assert per row of ROWS and of Checkpointable's rows, each saying
 /// `lacks`, the row's text and `page`; `name<skip_checks>` asserts nothing.
-#define LOOM_DETAIL_ROWS_CHECK(name, ROWS, lacks, page)                                  \
-  template <class T>                                                                     \
-  struct name {                                                                          \
-    ROWS(LOOM_DETAIL_ROW_ASSERT, T, lacks, page)                                         \
-    LOOM_DETAIL_CHECKPOINTABLE_ROWS(LOOM_DETAIL_ROW_ASSERT, T, lacks, page)              \
-    static constexpr bool value = true;                                                  \
-  };                                                                                     \
-  template <>                                                                            \
-  struct name<::loom::detail::skip_checks> {                                             \
-    static constexpr bool value = true;                                                  \
+#define LOOM_DETAIL_ROWS_CHECK(name, ROWS, lacks, page)                     \
+  template <class T>                                                        \
+  struct name {                                                             \
+    ROWS(LOOM_DETAIL_ROW_ASSERT, T, lacks, page)                            \
+    LOOM_DETAIL_CHECKPOINTABLE_ROWS(LOOM_DETAIL_ROW_ASSERT, T, lacks, page) \
+    static constexpr bool value = true;                                     \
+  };                                                                        \
+  template <>                                                               \
+  struct name<::loom::detail::skip_checks> {                                \
+    static constexpr bool value = true;                                     \
   };
 
 namespace loom::detail {

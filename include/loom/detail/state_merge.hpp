@@ -14,9 +14,8 @@
 namespace loom::detail {
 
 /// {"precision": name} and each state's keys under its prefix ("device.", "precision.", ...).
-inline StateDict merge_states(
-    std::string_view precision_name,
-    std::initializer_list<std::pair<std::string_view, StateDict>> parts) {
+inline StateDict merge_states(std::string_view precision_name,
+                              std::initializer_list<std::pair<std::string_view, StateDict>> parts) {
   StateDict out;
   out.emplace("precision", std::string(precision_name));
   for (auto& [prefix, state] : parts) {
@@ -27,13 +26,13 @@ inline StateDict merge_states(
 
 /// The states merge_states made, one per prefix, in the prefixes' order; throws loom::Error
 /// when "precision" is missing or names another precision, or a key has no known prefix.
-inline std::vector<StateDict> split_states(const StateDict& state,
-                                           std::string_view precision_name,
+inline std::vector<StateDict> split_states(const StateDict& state, std::string_view precision_name,
                                            std::initializer_list<std::string_view> prefixes) {
   auto name = state.find("precision");
   if (name == state.end() || !name->second.isString()) {
-    throw Error("loom::Runtime::load_state_dict: the state has no \"precision\" entry; it was "
-                "not saved by loom::Runtime::state_dict()");
+    throw Error(
+        "loom::Runtime::load_state_dict: the state has no \"precision\" entry; it was "
+        "not saved by loom::Runtime::state_dict()");
   }
   if (name->second.toStringRef() != precision_name) {
     throw Error("loom::Runtime::load_state_dict: the state was saved with precision \"" +

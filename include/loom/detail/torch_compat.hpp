@@ -19,7 +19,9 @@ inline bool autocast_enabled(c10::DeviceType d) { return at::autocast::is_autoca
 inline void set_autocast_enabled(c10::DeviceType d, bool on) {
   at::autocast::set_autocast_enabled(d, on);
 }
-inline c10::ScalarType autocast_dtype(c10::DeviceType d) { return at::autocast::get_autocast_dtype(d); }
+inline c10::ScalarType autocast_dtype(c10::DeviceType d) {
+  return at::autocast::get_autocast_dtype(d);
+}
 inline void set_autocast_dtype(c10::DeviceType d, c10::ScalarType t) {
   at::autocast::set_autocast_dtype(d, t);
 }

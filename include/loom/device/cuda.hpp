@@ -17,10 +17,10 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
-#include <loom/device/cuda_prefetch.hpp>
-#include <loom/device/prefetch.hpp>
 #include <loom/detail/env.hpp>
+#include <loom/device/cuda_prefetch.hpp>
 #include <loom/device/defaults.hpp>
+#include <loom/device/prefetch.hpp>
 #include <loom/error.hpp>
 #include <loom/state_dict.hpp>
 
@@ -56,8 +56,9 @@ class Cuda : public Defaults<Cuda> {
       : index_(index ? *index : local_rank()), tf32_(tf32) {
     const c10::DeviceIndex count = c10::cuda::device_count();
     if (count <= 0) {
-      throw Error("loom::device::Cuda: CUDA is not available (no CUDA device or driver was "
-                  "found); use loom::Cpu, or select the device with \"auto\"");
+      throw Error(
+          "loom::device::Cuda: CUDA is not available (no CUDA device or driver was "
+          "found); use loom::Cpu, or select the device with \"auto\"");
     }
     if (index_ < 0 || index_ >= count) {
       throw Error("loom::device::Cuda: device index " + std::to_string(index_) +
@@ -77,10 +78,10 @@ class Cuda : public Defaults<Cuda> {
   /// LOCAL_RANK as a device index: 0 when unset; anything but a whole number >= 0 is an error
   /// (torchrun sets it; a typo must not silently pick device 0).
   static c10::DeviceIndex local_rank() {
-    return static_cast<c10::DeviceIndex>(
-        detail::parse_env_index(std::getenv("LOCAL_RANK"), "loom::device::Cuda", "LOCAL_RANK",
-                                32767)
-            .value_or(0));
+    return static_cast<c10::DeviceIndex>(detail::parse_env_index(std::getenv("LOCAL_RANK"),
+                                                                 "loom::device::Cuda", "LOCAL_RANK",
+                                                                 32767)
+                                             .value_or(0));
   }
 
   /// True if this process sees at least one CUDA device; never throws.
@@ -116,8 +117,8 @@ class Cuda : public Defaults<Cuda> {
   auto dataloader_to_device(Source& source, Fn fn, Prefetch prefetch) const {
     auto move = [self = *this](const at::Tensor& t) { return self.tensor_to_device(t); };
     using Stage = CudaStage<decltype(move)>;
-    return PrefetchLoader<Source, Stage, Fn>(source, Stage(index_, std::move(move)),
-                                                   std::move(fn), prefetch);
+    return PrefetchLoader<Source, Stage, Fn>(source, Stage(index_, std::move(move)), std::move(fn),
+                                             prefetch);
   }
 
   /// {"rng": this device's CUDA generator state (a uint8 tensor)}.

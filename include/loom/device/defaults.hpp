@@ -8,8 +8,8 @@
 #include <torch/optim/optimizer.h>
 
 #include <loom/device/loader.hpp>
-#include <loom/device/prefetch.hpp>
 #include <loom/device/optimizer_state.hpp>
+#include <loom/device/prefetch.hpp>
 #include <loom/error.hpp>
 #include <loom/state_dict.hpp>
 
@@ -61,7 +61,7 @@ struct Defaults {
     auto move = [self = self()](const at::Tensor& t) { return self.tensor_to_device(t); };
     using Stage = HostStage<decltype(move)>;
     return PrefetchLoader<Source, Stage, Fn>(source, Stage(std::move(move)), std::move(fn),
-                                                   prefetch);
+                                             prefetch);
   }
 
   /// The precision policy's forward scope, bound to this device's type.

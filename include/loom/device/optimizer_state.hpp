@@ -31,7 +31,6 @@ namespace loom::device {
 /// A function that moves every tensor of one parameter's optimizer state to a device.
 using StateMover = detail::StateMover;
 
-
 /// Teaches optimizer_to_device a user optimizer's state type; `move(state, device)` must move
 /// every tensor the state holds. Registering a type again replaces its mover.
 template <class State>
@@ -76,9 +75,10 @@ inline torch::optim::Optimizer& move_optimizer_state(torch::optim::Optimizer& op
         if (it != detail::registry().end()) mover = it->second;
       }
       if (!mover) {
-        throw Error(std::string("loom: optimizer_to_device does not know the optimizer state type '") +
-                    c10::demangle(typeid(*s).name()) +
-                    "'; register it with loom::device::register_optimizer_state<State>(mover)");
+        throw Error(
+            std::string("loom: optimizer_to_device does not know the optimizer state type '") +
+            c10::demangle(typeid(*s).name()) +
+            "'; register it with loom::device::register_optimizer_state<State>(mover)");
       }
       mover(*s, device);
     }

@@ -88,9 +88,8 @@ template <class Source, class Stage, class Fn>
 class PrefetchLoader {
   using source_iterator = decltype(std::declval<Source&>().begin());
   using source_batch = std::remove_cvref_t<decltype(*std::declval<source_iterator&>())>;
-  using staged_type =
-      decltype(std::declval<const Stage&>().produce(std::declval<const source_batch&>(),
-                                                     std::declval<Fn&>()));
+  using staged_type = decltype(std::declval<const Stage&>().produce(
+      std::declval<const source_batch&>(), std::declval<Fn&>()));
 
  public:
   /// The type of the batches this view yields.
@@ -140,9 +139,8 @@ class PrefetchLoader {
     /// Starts the producer; the stage is bound to the calling (consumer) thread's state.
     void start(std::shared_ptr<Shared> shared) {
       Stage stage = shared->stage.for_epoch();
-      thread_ = std::thread([this, shared = std::move(shared), stage = std::move(stage)] {
-        run(*shared, stage);
-      });
+      thread_ = std::thread(
+          [this, shared = std::move(shared), stage = std::move(stage)] { run(*shared, stage); });
     }
 
     /// Tells the producer to stop and waits for it; safe to call more than once.

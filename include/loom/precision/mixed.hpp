@@ -46,7 +46,7 @@ struct Bf16Mixed : Mixed<Bf16Mixed, c10::kBFloat16> {
   Bf16Mixed() = default;
   /// Refused at compile time: bf16-mixed has no scaler to configure.
   template <class Options>
-    requires std::same_as<Options, amp::GradScalerOptions>
+  requires std::same_as<Options, amp::GradScalerOptions>
   explicit Bf16Mixed(const Options&) {
     static_assert(detail::always_false<Options>,
                   "loom::precision::Bf16Mixed: `bf16-mixed` does not use a scaler; pass "
@@ -94,9 +94,10 @@ struct Fp16Mixed : Mixed<Fp16Mixed, c10::kHalf> {
                         double norm_type = 2.0) {
     if (value <= 0) return 0.0;
     if (dynamic_cast<const amp::SelfUnscalingOptimizer*>(&optimizer) != nullptr) {
-      throw Error("loom: 16-mixed cannot clip the gradients of an optimizer that unscales them "
-                  "itself (its step would unscale them a second time); clip inside the "
-                  "optimizer, or use bf16-mixed");
+      throw Error(
+          "loom: 16-mixed cannot clip the gradients of an optimizer that unscales them "
+          "itself (its step would unscale them a second time); clip inside the "
+          "optimizer, or use bf16-mixed");
     }
     return Mixed::clip_gradients(optimizer, value, algorithm, norm_type);  // unscales first
   }

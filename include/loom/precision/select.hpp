@@ -49,7 +49,8 @@ struct PrecisionOptions {
 /// result; `fn` is generic, so every branch is compiled. Aliases warn (TORCH_WARN); an
 /// unknown name throws loom::Error listing the allowed names.
 template <class Fn>
-decltype(auto) with_precision(std::string_view name, Fn&& fn, const PrecisionOptions& options = {}) {
+decltype(auto) with_precision(std::string_view name, Fn&& fn,
+                              const PrecisionOptions& options = {}) {
   auto alias = [&](std::string_view canonical) {
     TORCH_WARN("loom: precision \"", std::string(name), "\" is discouraged, use \"",
                std::string(canonical), "\"");

@@ -1,8 +1,8 @@
 // A user's program: trains a linear model through loom::Runtime<Cpu, Fp32>.
 #include <cstdio>
 
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
 #include <loom/loom.hpp>

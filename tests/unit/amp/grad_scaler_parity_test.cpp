@@ -87,8 +87,9 @@ TEST_CASE("GradScaler matches torch.amp.GradScaler bitwise over a fixed run",
           "[.][parity][amp][grad_scaler]") {
   const char* path = std::getenv("LOOM_GRAD_SCALER_PARITY_FILE");
   if (path == nullptr) {
-    FAIL("LOOM_GRAD_SCALER_PARITY_FILE is not set; run this test through ctest "
-         "(amp.grad_scaler_parity), which generates the fixture first");
+    FAIL(
+        "LOOM_GRAD_SCALER_PARITY_FILE is not set; run this test through ctest "
+        "(amp.grad_scaler_parity), which generates the fixture first");
   }
   Reader in(path);
   in.expect("loom-grad-scaler-parity");

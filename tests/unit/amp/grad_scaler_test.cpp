@@ -130,8 +130,7 @@ TEST_CASE("the scale tensor is created lazily, on the first scaled tensor's devi
   }
 }
 
-TEST_CASE("backward through a scaled loss gives scale x the true gradients",
-          "[amp][grad_scaler]") {
+TEST_CASE("backward through a scaled loss gives scale x the true gradients", "[amp][grad_scaler]") {
   GradScaler scaler;
   auto w = param({3}, 1.0);
   auto x = at::tensor({0.25f, -1.5f, 3.0f});  // (3) f32
@@ -157,7 +156,7 @@ TEST_CASE("unscale_ multiplies by the f32 reciprocal computed in f64, per dtype 
   torch::optim::SGD opt({a, b, unused}, torch::optim::SGDOptions(1.0));
   scaler.scale(at::ones({}));
 
-  auto ga = at::tensor({1000.0f, 3.0f, -7.0f, 1e-3f});          // (4) f32
+  auto ga = at::tensor({1000.0f, 3.0f, -7.0f, 1e-3f});                  // (4) f32
   auto gb = at::tensor({1000.0, 3.0}, at::TensorOptions(at::kDouble));  // (2) f64
   set_grad(a, ga.clone());
   set_grad(b, gb.clone());
@@ -172,8 +171,7 @@ TEST_CASE("unscale_ multiplies by the f32 reciprocal computed in f64, per dtype 
   CHECK(at::equal(unused, at::full({5}, 7.0)));
 }
 
-TEST_CASE("an inf or nan gradient skips the step and halves the scale",
-          "[amp][grad_scaler]") {
+TEST_CASE("an inf or nan gradient skips the step and halves the scale", "[amp][grad_scaler]") {
   for (const double bad : {kInf, -kInf, kNan}) {
     for (const bool in_f64_group : {false, true}) {
       INFO("bad " << bad << ", in the f64 group " << in_f64_group);
@@ -185,7 +183,7 @@ TEST_CASE("an inf or nan gradient skips the step and halves the scale",
       auto b0 = b.detach().clone();
       scaler.scale(at::ones({}));
 
-      auto gw = at::full({2, 2}, 65536.0);                                // (2, 2) f32
+      auto gw = at::full({2, 2}, 65536.0);                               // (2, 2) f32
       auto gb = at::full({2}, 65536.0, at::TensorOptions(at::kDouble));  // (2) f64
       (in_f64_group ? gb : gw).view({-1})[1].fill_(bad);
       set_grad(w, gw);
@@ -379,9 +377,8 @@ TEST_CASE("state_dict has torch's five keys and round-trips", "[amp][grad_scaler
   auto sd = scaler.state_dict();
   std::vector<std::string> keys;
   for (const auto& kv : sd) keys.push_back(kv.first);
-  CHECK(keys ==
-        std::vector<std::string>{"_growth_tracker", "backoff_factor", "growth_factor",
-                                 "growth_interval", "scale"});
+  CHECK(keys == std::vector<std::string>{"_growth_tracker", "backoff_factor", "growth_factor",
+                                         "growth_interval", "scale"});
   REQUIRE(sd.at("scale").isDouble());
   REQUIRE(sd.at("growth_factor").isDouble());
   REQUIRE(sd.at("backoff_factor").isDouble());

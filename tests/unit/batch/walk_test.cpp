@@ -9,8 +9,8 @@
 #include <variant>
 #include <vector>
 
-#include "support/catch.hpp"
 #include <torch/data/example.h>
+#include "support/catch.hpp"
 
 #include <loom/batch/walk.hpp>
 

@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "support/catch.hpp"
 #include <torch/data/dataloader.h>
 #include <torch/data/datasets/map.h>
 #include <torch/data/datasets/tensor.h>
@@ -16,6 +15,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
+#include "support/catch.hpp"
 
 #include <loom/loom.hpp>
 
@@ -66,8 +66,9 @@ TEST_CASE("Cpu::tensor_to_device returns a CPU tensor already there unchanged", 
 TEST_CASE("Runtime::to_device moves every leaf of a nested batch", "[device][batch]") {
   loom::Runtime<Meta, loom::Fp32> rt;
   using Meta_ = std::map<std::string, std::vector<std::vector<int>>>;
-  auto batch = std::make_tuple(at::ones({2, 3}), std::map<std::string, at::Tensor>{{"y", at::arange(2)}},
-                               Meta_{{"shape", {{1, 2}, {3}}}}, std::vector<std::string>{"a", "b"});
+  auto batch =
+      std::make_tuple(at::ones({2, 3}), std::map<std::string, at::Tensor>{{"y", at::arange(2)}},
+                      Meta_{{"shape", {{1, 2}, {3}}}}, std::vector<std::string>{"a", "b"});
   auto moved = rt.to_device(batch);
   CHECK(std::get<0>(moved).is_meta());
   CHECK(std::get<1>(moved).at("y").is_meta());
@@ -89,7 +90,8 @@ TEST_CASE("module_to_device keeps parameter identity and dtypes", "[device][cpu]
   cpu.module_to_device(*net);
   auto params = net->parameters();
   REQUIRE(params.size() == before.size());
-  for (std::size_t i = 0; i < params.size(); ++i) CHECK(params[i].unsafeGetTensorImpl() == before[i]);
+  for (std::size_t i = 0; i < params.size(); ++i)
+    CHECK(params[i].unsafeGetTensorImpl() == before[i]);
   auto buffers = net->named_buffers();
   CHECK(buffers["1.num_batches_tracked"].scalar_type() == at::kLong);
   // The optimizer built before the move still updates the parameters.
@@ -138,8 +140,9 @@ TEST_CASE("optimizer_to_device refuses unknown state types until registered", "[
   state->buffer = at::ones({2});
   sgd.state()[key] = std::move(state);
   Meta meta;
-  CHECK_THROWS_WITH(meta.optimizer_to_device(sgd), Catch::Matchers::Contains("CustomState") &&
-                           Catch::Matchers::Contains("register_optimizer_state"));
+  CHECK_THROWS_WITH(meta.optimizer_to_device(sgd),
+                    Catch::Matchers::Contains("CustomState") &&
+                        Catch::Matchers::Contains("register_optimizer_state"));
   loom::device::register_optimizer_state<CustomState>(
       [](CustomState& s, const c10::Device& d) { s.buffer = s.buffer.to(d); });
   meta.optimizer_to_device(sgd);
@@ -150,11 +153,13 @@ TEST_CASE("Cpu has no state and refuses to load one", "[device][cpu][state]") {
   Cpu cpu;
   CHECK(cpu.state_dict().empty());
   CHECK_NOTHROW(cpu.load_state_dict({}));
-  CHECK_THROWS_WITH(cpu.load_state_dict({{"rng", at::ones({1})}}), Catch::Matchers::Contains("cpu device has no state") &&
-                           Catch::Matchers::Contains("rng"));
+  CHECK_THROWS_WITH(
+      cpu.load_state_dict({{"rng", at::ones({1})}}),
+      Catch::Matchers::Contains("cpu device has no state") && Catch::Matchers::Contains("rng"));
 }
 
-TEST_CASE("dataloader_to_device yields every batch in order through prefetch_fn", "[device][data]") {
+TEST_CASE("dataloader_to_device yields every batch in order through prefetch_fn",
+          "[device][data]") {
   std::vector<std::tuple<at::Tensor, int>> source;
   for (int i = 0; i < 5; ++i) source.emplace_back(at::full({2}, float(i)), i);
   Meta meta;
@@ -178,8 +183,8 @@ TEST_CASE("dataloader_to_device yields every batch in order through prefetch_fn"
 TEST_CASE("dataloader_to_device wraps a torch::data loader, last batch kept", "[device][data]") {
   auto dataset = torch::data::datasets::TensorDataset(at::arange(10).to(at::kFloat).unsqueeze(1))
                      .map(torch::data::transforms::Stack<torch::data::TensorExample>());
-  auto loader = torch::data::make_data_loader(
-      std::move(dataset), torch::data::samplers::SequentialSampler(10), 4);
+  auto loader = torch::data::make_data_loader(std::move(dataset),
+                                              torch::data::samplers::SequentialSampler(10), 4);
   loom::Runtime<Cpu, loom::Fp32> rt;
   std::vector<int64_t> sizes;
   float sum = 0;

@@ -8,9 +8,9 @@
 #include <type_traits>
 #include <vector>
 
+#include <torch/cuda.h>
 #include "support/catch.hpp"
 #include "support/env.hpp"
-#include <torch/cuda.h>
 
 #include <loom/concepts/device_policy.hpp>
 #include <loom/device/cuda.hpp>
@@ -18,11 +18,11 @@
 #include <loom/precision/fp32.hpp>
 #include <loom/runtime.hpp>
 
+using Catch::Matchers::Contains;
 using loom::device::Cpu;
 using loom::device::Cuda;
 using loom::device::Kind;
 using loom::precision::Fp32;
-using Catch::Matchers::Contains;
 using loom::testing::EnvGuard;
 
 TEST_CASE("Cuda is a DevicePolicy with constant names", "[device][cuda]") {
@@ -33,7 +33,8 @@ TEST_CASE("Cuda is a DevicePolicy with constant names", "[device][cuda]") {
   STATIC_REQUIRE(sizeof(loom::Runtime<Cuda, Fp32>) > 0);
   // The prefetching view over a vector of batches type-checks (it runs in tests/gpu).
   using View = decltype(std::declval<const Cuda&>().dataloader_to_device(
-      std::declval<std::vector<at::Tensor>&>(), loom::device::NoPrefetch{}, loom::device::Prefetch{}));
+      std::declval<std::vector<at::Tensor>&>(), loom::device::NoPrefetch{},
+      loom::device::Prefetch{}));
   STATIC_REQUIRE(std::ranges::input_range<View>);
   STATIC_REQUIRE(std::is_same_v<std::ranges::range_value_t<View>, at::Tensor>);
 }

@@ -14,21 +14,21 @@
 #include <tuple>
 #include <vector>
 
-#include "support/catch.hpp"
 #include <c10/core/GradMode.h>
 #include <torch/data/dataloader.h>
 #include <torch/data/datasets/map.h>
 #include <torch/data/datasets/tensor.h>
 #include <torch/data/samplers/sequential.h>
 #include <torch/data/transforms/stack.h>
+#include "support/catch.hpp"
 
-#include <loom/device/prefetch.hpp>
 #include <loom/device/cpu.hpp>
+#include <loom/device/prefetch.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/runtime.hpp>
 
-using loom::device::Prefetch;
 using loom::device::Cpu;
+using loom::device::Prefetch;
 using loom::precision::Fp32;
 using namespace std::chrono_literals;
 
@@ -97,7 +97,7 @@ TEST_CASE("Prefetch yields every batch in order on a producer thread", "[data][p
   CHECK(all_meta);  // moved before prefetch_fn, and prefetch_fn's output is what comes out
   CHECK(producer != std::thread::id());
   CHECK(producer != std::this_thread::get_id());
-  CHECK_FALSE(grad_seen.load());  // prefetch_fn runs with grad disabled
+  CHECK_FALSE(grad_seen.load());       // prefetch_fn runs with grad disabled
   CHECK(c10::GradMode::is_enabled());  // and the consumer's grad mode is untouched
 }
 
@@ -162,7 +162,7 @@ TEST_CASE("Prefetch rethrows a prefetch_fn error at its batch", "[data][prefetch
   CHECK_THROWS_AS(step(), std::invalid_argument);
   CHECK((seen == std::vector<int>{0, 1, 2, 3}));
   CHECK(it == std::default_sentinel);  // the iterator is at its end after the error
-  ++it;  // and stays there
+  ++it;                                // and stays there
   CHECK(it == std::default_sentinel);
 }
 
@@ -186,8 +186,7 @@ TEST_CASE("Leaving the loop early stops the producer", "[data][prefetch]") {
 TEST_CASE("Destroying the view mid-epoch stops and joins the producer", "[data][prefetch]") {
   Source source(1000, -1, 1ms);
   auto src = source.view();
-  using View = decltype(Cpu().dataloader_to_device(src, loom::device::NoPrefetch{},
-                                                         Prefetch{2}));
+  using View = decltype(Cpu().dataloader_to_device(src, loom::device::NoPrefetch{}, Prefetch{2}));
   std::optional<View> view(
       Cpu().dataloader_to_device(src, loom::device::NoPrefetch{}, Prefetch{2}));
   auto it = view->begin();
@@ -224,8 +223,9 @@ TEST_CASE("begin() again starts a new epoch from the first batch", "[data][prefe
 }
 
 TEST_CASE("Prefetch equals the inline path, nested batches included", "[data][prefetch]") {
-  using Nested = std::map<std::string, std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>,
-                                                             std::string>>>;
+  using Nested =
+      std::map<std::string,
+               std::vector<std::tuple<at::Tensor, std::optional<at::Tensor>, std::string>>>;
   std::vector<Nested> source;
   for (int i = 0; i < 6; ++i) {
     at::Tensor img = at::randn({2, 3});  // (2, 3) f32
@@ -269,9 +269,9 @@ TEST_CASE("Prefetch wraps a torch::data loader through Runtime::dataloader", "[d
     CAPTURE(workers);
     auto dataset = torch::data::datasets::TensorDataset(at::arange(10).to(at::kFloat).unsqueeze(1))
                        .map(torch::data::transforms::Stack<torch::data::TensorExample>());
-    auto loader = torch::data::make_data_loader(
-        std::move(dataset), torch::data::samplers::SequentialSampler(10),
-        torch::data::DataLoaderOptions(4).workers(workers));
+    auto loader = torch::data::make_data_loader(std::move(dataset),
+                                                torch::data::samplers::SequentialSampler(10),
+                                                torch::data::DataLoaderOptions(4).workers(workers));
     loom::Runtime<Cpu, Fp32> rt;
     auto view = rt.dataloader(*loader, loom::device::NoPrefetch{}, Prefetch{});
     for (int epoch = 0; epoch < 2; ++epoch) {

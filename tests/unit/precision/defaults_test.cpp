@@ -3,9 +3,9 @@
 #include <string>
 #include <vector>
 
-#include "support/catch.hpp"
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
+#include "support/catch.hpp"
 
 #include <loom/loom.hpp>
 
@@ -44,7 +44,7 @@ TEST_CASE("the inherited clip_gradients unscales and clips the policy's own main
           "[precision][defaults]") {
   CallLog log;
   loom::Runtime<RecordingDevice, RecordingPrecision> rt{RecordingDevice(&log),
-                                                       RecordingPrecision(&log)};
+                                                        RecordingPrecision(&log)};
   torch::nn::Linear model(3, 2);
   torch::optim::SGD opt(model->parameters(), 0.1);
   fill_grads(model, 1.0f);
@@ -96,12 +96,11 @@ TEST_CASE("loss_scale is 1 without a scaler and the scaler's scale under 16-mixe
   CHECK(loom::Runtime<loom::Cpu, loom::Bf16Mixed>().loss_scale() == 1.0);
   CHECK(loom::Runtime<loom::Cpu, loom::Fp16True>().loss_scale() == 1.0);
   loom::Runtime<loom::Cpu, loom::Fp16Mixed> rt(loom::Cpu(),
-                                              loom::Fp16Mixed({.init_scale = 1024.0}));
+                                               loom::Fp16Mixed({.init_scale = 1024.0}));
   CHECK(rt.loss_scale() == 1024.0);
 }
 
-TEST_CASE("with_runtime and with_precision pass the policies' options on",
-          "[precision][select]") {
+TEST_CASE("with_runtime and with_precision pass the policies' options on", "[precision][select]") {
   loom::RuntimeOptions options;
   options.precision.grad_scaler.init_scale = 8.0;
   auto scale = [](auto& rt) { return rt.loss_scale(); };

@@ -1,11 +1,11 @@
 // loom::Fp32 ("32-true") and the precision defaults: its name, identity conversions, contexts
 // that change nothing, plain backward and step, no state; DefaultDtypeGuard.
 #include <ATen/autocast_mode.h>
-#include "support/catch.hpp"
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
+#include "support/catch.hpp"
 
 #include <loom/loom.hpp>
 

@@ -4,8 +4,6 @@
 #include <string>
 #include <vector>
 
-#include "support/catch.hpp"
-#include "support/warnings.hpp"
 #include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/nn/functional/loss.h>
@@ -14,6 +12,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/lbfgs.h>
 #include <torch/optim/sgd.h>
+#include "support/catch.hpp"
+#include "support/warnings.hpp"
 
 #include <loom/loom.hpp>
 
@@ -79,7 +79,7 @@ TEST_CASE("nested guards: an fp32 island, the cache flag, clearing only at depth
   at::autocast::set_autocast_cache_enabled(false);  // the guard must restore even this
   {
     amp::AutocastGuard outer(c10::kCPU, at::kBFloat16);
-    CHECK(is_autocast_cache_enabled());  // the forward guard keeps the cache on
+    CHECK(is_autocast_cache_enabled());          // the forward guard keeps the cache on
     auto w = at::ones({2, 2}).requires_grad_();  // a leaf weight: cached when cast
     auto a = at::matmul(at::ones({2, 2}), w);
     CHECK(a.scalar_type() == at::kBFloat16);
@@ -106,7 +106,8 @@ TEST_CASE("nested guards: an fp32 island, the cache flag, clearing only at depth
 
 TEST_CASE("the autocast guard checks its arguments before changing anything",
           "[precision][autocast]") {
-  CHECK_THROWS_WITH(amp::AutocastGuard(c10::kCPU, at::kFloat), Catch::Contains("kHalf or kBFloat16"));
+  CHECK_THROWS_WITH(amp::AutocastGuard(c10::kCPU, at::kFloat),
+                    Catch::Contains("kHalf or kBFloat16"));
   if (!loom::detail::cuda_usable()) {
     CHECK_THROWS_WITH(amp::AutocastGuard(c10::kCUDA, at::kHalf),
                       Catch::Contains("needs a usable CUDA device"));
@@ -115,7 +116,8 @@ TEST_CASE("the autocast guard checks its arguments before changing anything",
   CHECK_FALSE(is_autocast_enabled(c10::kCUDA));
 }
 
-TEST_CASE("inside bf16 autocast: no-grad forwards do not break the graph", "[precision][autocast]") {
+TEST_CASE("inside bf16 autocast: no-grad forwards do not break the graph",
+          "[precision][autocast]") {
   torch::nn::Linear model(4, 4);
   Runtime<Cpu, Bf16Mixed> rt;
   at::Tensor loss;
@@ -168,8 +170,7 @@ TEST_CASE("Bf16Mixed integration: fp32 weights and grads, bf16 inside, fp32 out"
   CHECK(rt.state_dict().size() == 1);  // no scaler state
 }
 
-TEST_CASE("Fp16Mixed scales the loss once, steps and updates once",
-          "[precision][fp16-mixed]") {
+TEST_CASE("Fp16Mixed scales the loss once, steps and updates once", "[precision][fp16-mixed]") {
   Runtime<Cpu, Fp16Mixed> rt;
   torch::manual_seed(0);
   torch::nn::Linear model(3, 1), twin(3, 1);
@@ -195,7 +196,8 @@ TEST_CASE("Fp16Mixed scales the loss once, steps and updates once",
   CHECK(model->weight.allclose(expected));
 }
 
-TEST_CASE("Fp16Mixed skips a step with inf gradients and backs the scale off", "[precision][fp16-mixed]") {
+TEST_CASE("Fp16Mixed skips a step with inf gradients and backs the scale off",
+          "[precision][fp16-mixed]") {
   Runtime<Cpu, Fp16Mixed> rt;
   torch::nn::Linear model(3, 1);
   torch::optim::SGD opt(model->parameters(), 0.1);
@@ -223,7 +225,8 @@ TEST_CASE("Fp16Mixed refuses LBFGS", "[precision][fp16-mixed]") {
   torch::nn::Linear model(2, 1);
   torch::optim::LBFGS lbfgs(model->parameters());
   rt.backward(model->forward(at::ones({1, 2})).sum(), model);
-  CHECK_THROWS_WITH(rt.optimizer_step(lbfgs), "loom: AMP and the LBFGS optimizer are not compatible.");
+  CHECK_THROWS_WITH(rt.optimizer_step(lbfgs),
+                    "loom: AMP and the LBFGS optimizer are not compatible.");
 }
 
 TEST_CASE("clipping: 0 clips nothing, by value or by norm only", "[precision][clip]") {
@@ -260,14 +263,15 @@ TEST_CASE("16-mixed clipping unscales first, once, and refuses self-unscaling op
   rt.unscale_gradients(opt);
   CHECK(rt.precision().scaler().stage(opt) == amp::GradScaler::Stage::Unscaled);
   CHECK(model->weight.grad().equal(at::full({1, 2}, 12.0)));  // true grads
-  rt.clip_gradients_by_value(opt, 5.0);                        // no second unscale
+  rt.clip_gradients_by_value(opt, 5.0);                       // no second unscale
   CHECK(model->weight.grad().equal(at::full({1, 2}, 5.0)));
-  rt.clip_gradients_by_value(opt, 5.0);                        // clipping twice is safe
+  rt.clip_gradients_by_value(opt, 5.0);  // clipping twice is safe
   CHECK(rt.optimizer_step(opt));
   CHECK(model->weight.equal(at::full({1, 2}, 1.0 - 0.1 * 5.0)));
   CHECK_THROWS_WITH(rt.precision().clip_gradients(opt, 1.0, precision::ClipAlgorithm::Norm),
                     Catch::Contains("needs a backward() through the runtime"));
-  CHECK_THROWS_WITH(rt.optimizer_step(opt), Catch::Contains("needs a backward() through the runtime"));
+  CHECK_THROWS_WITH(rt.optimizer_step(opt),
+                    Catch::Contains("needs a backward() through the runtime"));
 
   SelfUnscalingSGD fused(model->parameters(), 0.1);
   rt.backward(model->forward(at::ones({1, 2})).sum(), model);
@@ -281,7 +285,8 @@ TEST_CASE("16-mixed state round-trips through the runtime and refuses another pr
   Runtime<Cpu, Fp16Mixed> rt;
   torch::nn::Linear model(2, 1);
   torch::optim::SGD opt(model->parameters(), 0.1);
-  rt.backward(model->forward(at::ones({1, 2})).sum() * std::numeric_limits<float>::infinity(), model);
+  rt.backward(model->forward(at::ones({1, 2})).sum() * std::numeric_limits<float>::infinity(),
+              model);
   rt.optimizer_step(opt);
   auto sd = rt.state_dict();
   CHECK(sd.at("precision").toStringRef() == "16-mixed");
@@ -290,11 +295,11 @@ TEST_CASE("16-mixed state round-trips through the runtime and refuses another pr
   resumed.load_state_dict(sd);
   CHECK(resumed.precision().scaler().get_scale() == 32768.0);
   Runtime<Cpu, Bf16Mixed> other;
-  CHECK_THROWS_WITH(other.load_state_dict(sd), Catch::Contains("saved with precision \"16-mixed\""));
+  CHECK_THROWS_WITH(other.load_state_dict(sd),
+                    Catch::Contains("saved with precision \"16-mixed\""));
 }
 
-TEST_CASE("precision_t maps Lightning's names to policies at compile time",
-          "[precision][select]") {
+TEST_CASE("precision_t maps Lightning's names to policies at compile time", "[precision][select]") {
   STATIC_REQUIRE(std::is_same_v<precision_t<"32-true">, Fp32>);
   STATIC_REQUIRE(std::is_same_v<precision_t<"32">, Fp32>);
   STATIC_REQUIRE(std::is_same_v<precision_t<32>, Fp32>);
@@ -341,7 +346,8 @@ TEST_CASE("with_precision dispatches run-time names, aliases warn, unknown names
   }
   CHECK_THROWS_WITH(with_precision(1, name), Catch::Contains("unknown precision 1"));
   CHECK_THROWS_WITH(with_precision(12, name), Catch::Contains("unknown precision 12"));
-  CHECK_THROWS_WITH(with_precision("transformer-engine", name), Catch::Contains("not supported by loom"));
+  CHECK_THROWS_WITH(with_precision("transformer-engine", name),
+                    Catch::Contains("not supported by loom"));
 }
 
 TEST_CASE("16-mixed has the scaler defaults and bf16-mixed has none", "[precision][select]") {
@@ -364,8 +370,10 @@ TEST_CASE("with_runtime builds the Runtime a device and a precision name select"
     return std::is_same_v<std::remove_cvref_t<decltype(rt)>, Runtime<Cpu, Fp16Mixed>>;
   });
   CHECK(typed);
-  CHECK_THROWS_WITH(with_runtime("magic_device", "32-true", describe), Catch::Contains("magic_device"));
-  CHECK_THROWS_WITH(with_runtime("cpu", "fp8", describe), Catch::Contains("unknown precision \"fp8\""));
+  CHECK_THROWS_WITH(with_runtime("magic_device", "32-true", describe),
+                    Catch::Contains("magic_device"));
+  CHECK_THROWS_WITH(with_runtime("cpu", "fp8", describe),
+                    Catch::Contains("unknown precision \"fp8\""));
   if (!Cuda::is_available()) {
     CHECK_THROWS_AS(with_runtime("cuda", "bf16-mixed", describe), loom::Error);
     CHECK(with_runtime("auto", "32-true", describe) == "cpu/32-true");
@@ -376,7 +384,8 @@ TEST_CASE("a bf16-mixed loom loop is bitwise equal to the hand-written autocast 
           "[precision][bf16-mixed][parity]") {
   auto make = [] {
     torch::manual_seed(11);
-    return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 1));
+    return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(),
+                                 torch::nn::Linear(16, 1));
   };
   auto a = make(), b = make();
   torch::optim::SGD oa(a->parameters(), 0.05), ob(b->parameters(), 0.05);
@@ -427,8 +436,8 @@ TEST_CASE("16-mixed steps with no loss skip unscale, step and update alike",
           "[precision][fp16-mixed]") {
   // growth_interval 1: every update after a clean step doubles the scale, so the final scale
   // counts the updates.
-  Runtime<Cpu, Fp16Mixed> rt(Cpu{}, Fp16Mixed(amp::GradScalerOptions{.init_scale = 8.0,
-                                                                     .growth_interval = 1}));
+  Runtime<Cpu, Fp16Mixed> rt(
+      Cpu{}, Fp16Mixed(amp::GradScalerOptions{.init_scale = 8.0, .growth_interval = 1}));
   torch::nn::Linear model(2, 1);
   torch::optim::SGD opt(model->parameters(), 0.01);
   int applied = 0;

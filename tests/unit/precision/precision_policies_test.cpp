@@ -5,12 +5,12 @@
 #include <stdexcept>
 #include <tuple>
 
-#include "support/catch.hpp"
 #include <ATen/autocast_mode.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
+#include "support/catch.hpp"
 
 #include <loom/loom.hpp>
 
@@ -186,10 +186,10 @@ TEST_CASE("casting nested batches per policy", "[precision][cast]") {
                                at::arange(2), at::ones({2}, at::kBool),
                                std::map<std::string, at::Tensor>{{"x", at::ones({1})}});
   auto types = [](const auto& b) {
-    return std::vector<c10::ScalarType>{std::get<0>(b).scalar_type(), std::get<1>(b).scalar_type(),
-                                        std::get<2>(b).scalar_type(), std::get<3>(b).scalar_type(),
-                                        std::get<4>(b).scalar_type(),
-                                        std::get<5>(b).at("x").scalar_type()};
+    return std::vector<c10::ScalarType>{
+        std::get<0>(b).scalar_type(), std::get<1>(b).scalar_type(),
+        std::get<2>(b).scalar_type(), std::get<3>(b).scalar_type(),
+        std::get<4>(b).scalar_type(), std::get<5>(b).at("x").scalar_type()};
   };
   using V = std::vector<c10::ScalarType>;
   Runtime<Cpu, Fp32> fp32;
