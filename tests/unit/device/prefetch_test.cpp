@@ -4,6 +4,7 @@
 // and the checks run on the test's own thread.
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -49,13 +50,33 @@ struct Source {
   explicit Source(int n, int throw_at = -1, std::chrono::milliseconds delay = 0ms)
       : n_(n), throw_at_(throw_at), delay_(delay) {}
 
-  auto view() {
-    return std::views::iota(0, n_) | std::views::transform([this](int i) {
-             if (delay_ > 0ms) std::this_thread::sleep_for(delay_);
-             if (i == throw_at_) throw std::runtime_error("source failed at " + std::to_string(i));
-             made.fetch_add(1);
-             return Batch(at::full({2}, float(i)), i);
-           });
+  /// A lazy input range over this source (hand-written: Clang 14 cannot compile
+  /// libstdc++ 12's views::iota).
+  struct View {
+    struct iterator {
+      using value_type = Batch;
+      using difference_type = std::ptrdiff_t;
+      Source* source = nullptr;
+      int i = 0;
+      Batch operator*() const { return source->make(i); }
+      iterator& operator++() {
+        ++i;
+        return *this;
+      }
+      void operator++(int) { ++i; }
+      bool operator==(const iterator& other) const { return i == other.i; }
+    };
+    Source* source;
+    iterator begin() const { return {source, 0}; }
+    iterator end() const { return {source, source->n_}; }
+  };
+  View view() { return View{this}; }
+
+  Batch make(int i) {
+    if (delay_ > 0ms) std::this_thread::sleep_for(delay_);
+    if (i == throw_at_) throw std::runtime_error("source failed at " + std::to_string(i));
+    made.fetch_add(1);
+    return Batch(at::full({2}, float(i)), i);
   }
 
   std::atomic<int> made{0};
