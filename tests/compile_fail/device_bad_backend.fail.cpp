@@ -1,4 +1,4 @@
-// expect-error: it lacks `static constexpr std::string_view ddp_backend\(\)` naming "gloo", "nccl"
+// expect-error: it lacks `static constexpr std::string_view ddp_backend\(\)` naming .?"gloo.?", .?"nccl.?" or .?"mpi
 // or "mpi"
 #include <loom/device/defaults.hpp>
 #include <loom/precision/fp32.hpp>

@@ -1,4 +1,4 @@
-// expect-error: "transformer-engine" precision is not supported by loom
+// expect-error: .?"transformer-engine.?" precision is not supported by loom
 #include <loom/precision/select.hpp>
 #ifdef LOOM_FAIL
 using P = loom::precision_t<"transformer-engine">;

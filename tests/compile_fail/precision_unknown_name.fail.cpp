@@ -1,4 +1,4 @@
-// expect-error: loom::precision_t<Name>: unknown precision name. Allowed: "32-true"
+// expect-error: loom::precision_t<Name>: unknown precision name. Allowed: .?"32-true
 #include <loom/precision/select.hpp>
 #ifdef LOOM_FAIL
 using P = loom::precision_t<"fp16">;
