@@ -46,6 +46,16 @@ def main():
     extra = [(n, load(a.raw, n)) for n in sorted(os.listdir(a.raw))
              if n.startswith("fabric_vs_loom_") and n.endswith(".json")]
     ct = load(a.raw, "compile_time.json")
+    ddp = load(a.raw, "ddp_vs_python.json")
+    # Part 5 is measured by hand (benchmarks/precision/conv_cpu.cpp): keep what the page says.
+    kept5 = ""
+    if os.path.exists(a.out):
+        old = open(a.out).read()
+        start5, end5 = old.find("## 5. Each precision on the CPU"), old.find("## 6. ")
+        if end5 < 0:
+            end5 = old.find("## How to run")
+        if start5 >= 0 and end5 > start5:
+            kept5 = old[start5:end5].rstrip() + "\n"
     loadtxt = open(os.path.join(a.raw, "load.txt")).read().strip() if os.path.exists(
         os.path.join(a.raw, "load.txt")) else "not recorded"
     import torch
@@ -235,12 +245,43 @@ def main():
         w(f"| **loom/hand** | **{ct['ratio_cpu']:.3f}** ({ok(ct['ratio_cpu'] <= 1.15)}) | "
           f"{ct['ratio_wall']:.3f} |")
         w("")
-        w("Commands:")
+        w("Commands, from the repository root (`$TORCH` is the torch wheel's package folder, "
+          "`<gen>` a temporary folder in which `measure.py` writes `torch_headers.hpp`: every "
+          "torch header that `include/loom` includes):")
         w("")
         w("```")
         w(ct["loom_cmd"])
         w(ct["hand_cmd"])
         w("```")
+        w("")
+
+    if kept5:
+        w(kept5)
+
+    # 6. loom::Ddp against Python's DistributedDataParallel.
+    w("## 6. loom::Ddp against Python DDP")
+    w("")
+    if ddp:
+        w(f"`benchmarks/ddp/ddp_vs_python.py`: {ddp['ranks']} ranks on this machine, "
+          f"{ddp['backend']}, CPU, {ddp['threads_per_rank']} thread per rank, both started by "
+          "torchrun; the MLPs of part 3, SGD with momentum; steps/s of rank 0 between two "
+          f"barriers, best of {ddp['reps']} interleaved runs. Targets: loom/Python >= 1.0 "
+          "everywhere, >= 2 on tiny. *Overlap*: loom's DDP step against the same step without "
+          "communication (under `no_sync()`) plus one all-reduce of a tensor as large as all "
+          "gradients; below 1 means the all-reduce overlaps the backward pass.")
+        w("")
+        w("| model | layers, batch | precision | loom steps/s | Python DDP steps/s | loom/Python "
+          "| target | step ms | compute ms | all-reduce ms | step / (compute + all-reduce) |")
+        w("|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|")
+        for r in ddp["rows"]:
+            target = 2.0 if r["size"] == "tiny" else 1.0
+            w(f"| {r['size']} | {r['layers'].replace(',', '-')}, {r['batch']} | {r['precision']} | "
+              f"{r['loom_steps_per_s']:.1f} | {r['python_steps_per_s']:.1f} | {r['ratio']:.2f} | "
+              f">= {target:g}x {ok(r['ratio'] >= target)} | {r['step_ms']:.3f} | "
+              f"{r['compute_ms']:.3f} | {r['comm_ms']:.3f} | {r['overlap_ratio']:.2f} |")
+        w("")
+    else:
+        w("Not run (`docs/benchmarks/ddp_vs_python.json` is missing).")
         w("")
 
     w("## How to run")
@@ -256,6 +297,8 @@ def main():
     w("build-bench/benchmarks/overhead/loom_bench_hook_dispatch --benchmark_repetitions=3")
     w("$LOOM_VENV/bin/python benchmarks/fabric/fabric_vs_loom.py --loom-bin build-bench/benchmarks/fabric/loom_fabric_train --out docs/benchmarks/fabric_vs_loom.json --threads 2 --reps 3")
     w("python3 benchmarks/compile_time/measure.py --root . --torch-include $TORCH/include --out docs/benchmarks/compile_time.json --reps 3")
+    w("$LOOM_VENV/bin/python benchmarks/ddp/ddp_vs_python.py --bench build-bench/benchmarks/ddp/loom_bench_ddp --out docs/benchmarks/ddp_vs_python.json --reps 3")
+    w("build-bench/benchmarks/precision/loom_bench_conv_cpu --rounds 5 --seconds 1   # part 5, by hand")
     w("```")
     w("")
     w("On a GPU machine: `scripts/gpu-fabric-check.sh` (Fabric against loom in bf16-mixed and "
@@ -269,7 +312,7 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, ax = plt.subplots(1, 4, figsize=(21, 4.5))
     if cg:
         names = [r["precision"] for r in cg["results"]]
         x = range(len(names))
@@ -297,6 +340,18 @@ def main():
         ax[2].bar(["loom", "hand"], [ct["best"]["loom"]["cpu_s"], ct["best"]["hand"]["cpu_s"]])
         ax[2].set_ylabel("g++ CPU s, best of 3")
         ax[2].set_title(f"compile time, {ct['pairs']} pairs: x{ct['ratio_cpu']:.3f}")
+    if ddp:
+        labels = [f"{r['size']}\n{r['precision']}" for r in ddp["rows"]]
+        x = range(len(labels))
+        ax[3].bar([i - 0.2 for i in x], [r["loom_steps_per_s"] for r in ddp["rows"]], 0.4,
+                  label="loom::Ddp")
+        ax[3].bar([i + 0.2 for i in x], [r["python_steps_per_s"] for r in ddp["rows"]], 0.4,
+                  label="Python DDP")
+        ax[3].set_yscale("log")
+        ax[3].set_xticks(list(x), labels, fontsize=8)
+        ax[3].set_ylabel("steps/s (log)")
+        ax[3].set_title("DDP, 2 ranks, gloo, CPU, 1 thread each")
+        ax[3].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(a.raw, "benchmarks.png"), dpi=110)
 

@@ -64,6 +64,8 @@ generator=()
 timeout "$(left)" "$cmake_bin" -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$prefix" -DTorch_DIR="$prefix/Torch" \
   -DLOOM_THIRD_PARTY_DIR="$third" -DCMAKE_DISABLE_FIND_PACKAGE_Boost=ON \
+  -DLOOM_GLOO_INCLUDE_DIR="$third" -DLOOM_BUILD_DIST="$([ -f "$third/gloo/algorithm.h" ] && echo ON || echo OFF)" \
+  -DLOOM_PYTHON="$py" \
   -DCMAKE_DISABLE_FIND_PACKAGE_Catch2=ON -DCMAKE_DISABLE_FIND_PACKAGE_benchmark=ON \
   -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_GPU_TESTS=ON -DLOOM_BUILD_BENCHMARKS=ON \
   -DLOOM_BUILD_EXAMPLES=OFF -DLOOM_INSTALL=OFF -DLOOM_WERROR=OFF >"$out/configure.log" 2>&1 ||
@@ -71,7 +73,9 @@ timeout "$(left)" "$cmake_bin" -S "$root" -B "$build" "${generator[@]}" -DCMAKE_
 say "- configured in ${SECONDS}s"
 
 # 3. Build only what the check runs.
-timeout "$(left)" "$cmake_bin" --build "$build" --target loom_gpu_tests loom_bench_prefetch_cuda \
+targets=(loom_gpu_tests loom_bench_prefetch_cuda)
+[ -f "$third/gloo/algorithm.h" ] && targets+=(loom_dist_worker)  # dist.cuda_nccl, dist.cuda_gloo
+timeout "$(left)" "$cmake_bin" --build "$build" --target "${targets[@]}" \
   -j "$jobs" >"$out/build.log" 2>&1 ||
   { grep -E 'error|FAILED' "$out/build.log" | head -n 20; say "- build failed: build.log"; finish "FAILED" 1; }
 say "- built in ${SECONDS}s"

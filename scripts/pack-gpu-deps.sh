@@ -5,6 +5,7 @@
 #   <dir>/cmake/Catch.cmake, CatchAddTests.cmake    catch_discover_tests
 #   <dir>/boost/hana.hpp, boost/hana/...            Boost.Hana, and the few Boost headers it
 #                                                   includes (found with the compiler's -M)
+#   <dir>/gloo/...                                  gloo's headers, for loom::dist (headers only)
 # Usage: scripts/pack-gpu-deps.sh [dir]   (default build-gpu-deps, git-ignored; prints the dir)
 # Then: LOOM_THIRD_PARTY=<dir> scripts/gpu-check.sh
 set -euo pipefail
@@ -36,5 +37,10 @@ printf '#include <boost/hana.hpp>\n' |
     mkdir -p "$dest/$(dirname "$rel")"
     cp "$f" "$dest/$rel"
   done
+if [ -f "$inc/gloo/algorithm.h" ]; then
+  cp -r "$inc/gloo" "$dest/"
+else
+  echo "pack-gpu-deps: no $inc/gloo (libgloo-dev): the GPU check will build without loom::dist" >&2
+fi
 echo "pack-gpu-deps: $(find "$dest" -type f | wc -l) files, $(du -sh "$dest" | cut -f1)" >&2
 echo "$dest"

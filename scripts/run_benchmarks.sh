@@ -4,6 +4,7 @@
 # docs/benchmarks/benchmarks.png. About 6 to 10 minutes on 2 cores. Never part of the tests.
 #
 #   scripts/run_benchmarks.sh [--install-lightning] [--skip-fabric] [--skip-compile-time]
+#                             [--skip-ddp]
 #
 #   1. overhead   loom::Runtime vs hand-written LibTorch vs virtual hooks, all six precisions:
 #                 instructions per step under callgrind, wall and CPU time natively
@@ -15,7 +16,10 @@
 #                 Without it, and without lightning already installed, this part is skipped.
 #   4. compile    g++ -std=c++20 -O2 -c of Runtime for every device x precision pair vs the same
 #                 steps by hand, best of 3
-#   5. report     docs/benchmarks.md and the plot (installs matplotlib into the venv if missing)
+#   6. ddp        loom::Ddp vs Python DDP: 2 ranks, gloo, CPU, one thread each; tiny, medium,
+#                 large MLP; plus the all-reduce overlap (benchmarks/ddp/)
+#   report        docs/benchmarks.md and the plot (installs matplotlib into the venv if missing);
+#                 part 5 of the page (each precision on the CPU) is measured by hand and kept
 #
 #   LOOM_BUILD_DIR  build tree (default build-bench)     JOBS  build jobs (default 1: gentle)
 #   LOOM_BENCH_THREADS  torch threads for the Fabric comparison (default nproc)
@@ -24,12 +28,13 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 LOOM_BUILD_DIR=${LOOM_BUILD_DIR:-$(cd "$here/.." && pwd)/build-bench}
 JOBS=${JOBS:-1}
 source "$here/lib.sh"
-install_lightning=0 fabric=1 compile=1
+install_lightning=0 fabric=1 compile=1 ddp=1
 for a in "$@"; do
   case "$a" in
     --install-lightning) install_lightning=1 ;;
     --skip-fabric) fabric=0 ;;
     --skip-compile-time) compile=0 ;;
+    --skip-ddp) ddp=0 ;;
     *) echo "run_benchmarks.sh: unknown argument $a" >&2; exit 2 ;;
   esac
 done
@@ -38,7 +43,7 @@ log() { echo "[loom bench] $*" >&2; }
 loom_configure -DLOOM_BUILD_BENCHMARKS=ON -DLOOM_BUILD_TESTS=OFF -DLOOM_BUILD_EXAMPLES=OFF
 py="$LOOM_VENV/bin/python"
 cmake --build "$LOOM_BUILD_DIR" --target loom_bench_overhead loom_bench_hook_dispatch \
-  loom_fabric_train -j "$JOBS" >&2
+  loom_fabric_train loom_bench_ddp -j "$JOBS" >&2
 bin="$LOOM_BUILD_DIR/benchmarks"
 raw="$LOOM_ROOT/docs/benchmarks"
 mkdir -p "$raw"
@@ -94,9 +99,16 @@ if [ "$compile" = 1 ]; then
   python3 "$LOOM_ROOT/benchmarks/compile_time/measure.py" --root "$LOOM_ROOT" \
     --torch-include "$torch_inc" --out "$raw/compile_time.json" --reps 3 --cxx "${CXX:-g++}"
 fi
+# 6. loom::Ddp against Python DDP: 2 ranks, gloo, one thread each.
+if [ "$ddp" = 1 ]; then
+  log "ddp: loom::Ddp vs Python DDP, 2 ranks"
+  echo "ddp run: $(uptime)" >>"$raw/load.txt"
+  "$py" "$LOOM_ROOT/benchmarks/ddp/ddp_vs_python.py" --bench "$bin/ddp/loom_bench_ddp" \
+    --out "$raw/ddp_vs_python.json" --reps 3
+fi
 echo "after: $(uptime)" >>"$raw/load.txt"
 
-# 5. The report and the plot.
+# The report and the plot.
 "$py" -c 'import matplotlib' 2>/dev/null ||
   "$py" -m pip install -q --disable-pip-version-check matplotlib >&2
 "$py" "$LOOM_ROOT/benchmarks/report.py" --raw "$raw" --out "$LOOM_ROOT/docs/benchmarks.md" \

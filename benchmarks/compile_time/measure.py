@@ -74,13 +74,22 @@ def main():
                 if rc != 0:
                     sys.exit(f"compile_time: {name} failed:\n{err[-3000:]}")
                 runs[name].append({"wall_s": wall, "cpu_s": cpu})
+    # The commands as a reader runs them from the repository root: no machine paths.
+    root = os.path.abspath(a.root) + os.sep
+    torch_inc = os.path.abspath(a.torch_include)
+
+    def relative(cmd):
+        return (cmd.replace(torch_inc, "$TORCH/include").replace(gen, "<gen>")
+                .replace(root, ""))
+
     best = {k: {"wall_s": min(r["wall_s"] for r in v), "cpu_s": min(r["cpu_s"] for r in v)}
             for k, v in runs.items()}
     cxx = subprocess.run([a.cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     doc = {
         "compiler": cxx, "flags": " ".join(base[1:4]), "devices": devices,
         "pairs": len(devices) * 6, "torch_headers": len(headers),
-        "loom_cmd": " ".join(loom_cmd), "hand_cmd": " ".join(hand_cmd), "runs": runs, "best": best,
+        "loom_cmd": relative(" ".join(loom_cmd)), "hand_cmd": relative(" ".join(hand_cmd)),
+        "runs": runs, "best": best,
         "ratio_wall": best["loom"]["wall_s"] / best["hand"]["wall_s"],
         "ratio_cpu": best["loom"]["cpu_s"] / best["hand"]["cpu_s"],
     }

@@ -10,6 +10,8 @@
 #include <loom/concepts/device_policy.hpp>
 #include <loom/concepts/precision_policy.hpp>
 #include <loom/concepts/scope_guard.hpp>
+#include <loom/concepts/strategy.hpp>
+#include <loom/data/distributed_sampler.hpp>
 #include <loom/device/cpu.hpp>
 #include <loom/device/cuda.hpp>
 #include <loom/device/cuda_prefetch.hpp>
@@ -18,6 +20,10 @@
 #include <loom/device/optimizer_state.hpp>
 #include <loom/device/prefetch.hpp>
 #include <loom/device/select.hpp>
+#include <loom/dist/ddp.hpp>
+#include <loom/dist/defaults.hpp>
+#include <loom/dist/rank_zero.hpp>
+#include <loom/dist/single_process.hpp>
 #include <loom/error.hpp>
 #include <loom/guards.hpp>
 #include <loom/is_default.hpp>

@@ -1,20 +1,23 @@
 #pragma once
-// loom::Runtime<Device, Precision>: the order of a training step's hooks, nothing else.
-// This table and the one in docs/architecture.md are the same; change both together.
+// loom::Runtime<Device, Precision, Strategy>: the order of a training step's hooks, nothing
+// else. This table and the one in docs/architecture.md are the same; change both together.
 //
-//   setup     d.prepare -> p.convert_module -> d.module_to_device [-> d.optimizer_to_device]
+//   setup     d.prepare -> p.convert_module -> d.module_to_device
+//             -> s.setup(module, d.device(), D::ddp_backend()) [-> d.optimizer_to_device]
 //   1         batch = rt.to_device(batch)                every tensor leaf      device/
-//   2         args  = batch::map(args, p.convert_input)  floating leaves        precision/
-//   3         { auto guard = d.precision_context(p);     autocast/dtype scope   precision/
-//   4             out = module->forward(args...); }      user code
-//   5         out = batch::map(out, p.convert_output)    back to default dtype  precision/
-//   6         l = p.pre_backward(loss, module)           loss scaling           precision/
-//   7         p.backward(l, module); p.post_backward(l, module)                 precision/, amp/
+//   2         s.pre_forward()                            buckets, buffers       dist/
+//   3         args  = batch::map(args, p.convert_input)  floating leaves        precision/
+//   4         { auto guard = d.precision_context(p);     autocast/dtype scope   precision/
+//   5             out = module->forward(args...); }      user code
+//   6         out = batch::map(out, p.convert_output)    back to default dtype  precision/
+//   7         l = p.pre_backward(loss, module)           loss scaling           precision/
+//   8         s.backward(l, [&] { p.backward(l, module); }); p.post_backward(l, module)
+//                                                        gradients reduced      dist/, amp/
 //   unscale   p.unscale_gradients(opt)                   undo loss scaling      precision/, amp/
 //   clip      p.clip_gradients(opt, ...)                 unscales first         precision/
-//   8         applied = p.optimizer_step(opt)            may skip on inf/nan    precision/, amp/
-//   state     d.state_dict, p.state_dict (prefixed)      and load_state_dict    device/, precision/
-//   teardown  p.teardown -> d.teardown                   after the last step    device/, precision/
+//   9         applied = p.optimizer_step(opt)            may skip on inf/nan    precision/, amp/
+//   state     d, p, s state_dict (prefixed)              and load_state_dict    all three
+//   teardown  p.teardown -> s.teardown -> d.teardown     after the last step    all three
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -27,41 +30,49 @@
 #include <loom/batch/walk.hpp>
 #include <loom/concepts/device_policy.hpp>
 #include <loom/concepts/precision_policy.hpp>
+#include <loom/concepts/strategy.hpp>
 #include <loom/detail/families.hpp>
 #include <loom/detail/module.hpp>
 #include <loom/detail/state_merge.hpp>
+#include <loom/dist/single_process.hpp>
 #include <loom/error.hpp>
 #include <loom/state_dict.hpp>
 
 namespace loom {
 
-/// A training runtime: a device policy and a precision policy, called in Lightning Fabric's
-/// order. Stores its policies at no cost (two empty policies make an empty class) and calls
-/// every hook directly, so each call inlines to the policy's code.
+/// A training runtime: a device policy, a precision policy and a strategy policy (one process
+/// unless given), called in Lightning Fabric's order. Stores its policies at no cost (empty
+/// policies make an empty class) and calls every hook directly, so each call inlines to the
+/// policy's code.
 ///
 ///   loom::Runtime<loom::Cpu, loom::Fp32> rt;
 ///   rt.setup(model, optimizer);
 ///   auto out = rt.forward(model, rt.to_device(x));           // (B, classes) fp32
 ///   rt.backward(loss, model); rt.optimizer_step(optimizer);
-template <class Device, class Precision>
+template <class Device, class Precision, class Strategy = dist::SingleProcess>
 class Runtime {
   // Order first: a policy in the wrong place explains every other failure, so then nothing
   // else is checked. Then each argument's check (detail/families.hpp): a known mistake gives
   // its one message, anything else one message per missing row.
-  static constexpr bool in_order = detail::policies_in_order<Device, Precision>();
+  static constexpr bool in_order = detail::policies_in_order<Device, Precision, Strategy>();
   static_assert(in_order,
                 "loom::Runtime: the policy arguments are out of order; the device policy comes "
-                "first, then the precision policy, as in Runtime<loom::Cpu, loom::Fp32>");
+                "first, then the precision policy, then the strategy policy, as in "
+                "Runtime<loom::Cpu, loom::Fp32, loom::Ddp>");
   static_assert(detail::check_policies<in_order>(detail::families{}, static_cast<Device*>(nullptr),
-                                                 static_cast<Precision*>(nullptr)));
+                                                 static_cast<Precision*>(nullptr),
+                                                 static_cast<Strategy*>(nullptr)));
 
  public:
   using device_policy = Device;
   using precision_policy = Precision;
+  using strategy_policy = Strategy;
 
   Runtime() = default;
-  explicit Runtime(Device device, Precision precision = Precision())
-      : device_(std::move(device)), precision_(std::move(precision)) {}
+  explicit Runtime(Device device, Precision precision = Precision(), Strategy strategy = Strategy())
+      : device_(std::move(device)),
+        precision_(std::move(precision)),
+        strategy_(std::move(strategy)) {}
 
   /// The precision's Lightning name, e.g. "32-true".
   static constexpr std::string_view precision_name() { return Precision::precision(); }
@@ -70,6 +81,9 @@ class Runtime {
   const Device& device() const noexcept { return device_; }
   Precision& precision() noexcept { return precision_; }
   const Precision& precision() const noexcept { return precision_; }
+  /// The strategy: rank(), world_size(), barrier(), all_reduce(t, op), no_sync(), ...
+  Strategy& strategy() noexcept { return strategy_; }
+  const Strategy& strategy() const noexcept { return strategy_; }
 
   /// The scope to build a model in: parameters get the precision's dtype.
   [[nodiscard]] auto module_init_context() { return precision_.module_init_context(); }
@@ -78,13 +92,15 @@ class Runtime {
   /// The forward scope (autocast or default dtype) bound to this runtime's device.
   [[nodiscard]] auto forward_context() { return device_.precision_context(precision_); }
 
-  /// Prepares the device, converts the module's weights, then moves them to the device.
+  /// Prepares the device, converts the module's weights, moves them to the device, then
+  /// hands the module to the strategy (Ddp: shapes checked, rank 0's weights broadcast).
   template <class M>
   void setup(M& module) {
     torch::nn::Module& m = detail::as_module(module);
     device_.prepare();
     precision_.convert_module(m);
     device_.module_to_device(m);
+    strategy_.setup(m, device_.device(), Device::ddp_backend());
   }
 
   /// setup(module), then moves the optimizer's state to the device.
@@ -118,10 +134,11 @@ class Runtime {
     return batch::map(batch, [this](const at::Tensor& t) { return precision_.convert_output(t); });
   }
 
-  /// convert_input on every argument, the call inside forward_context, convert_output after
-  /// the scope has closed.
+  /// The strategy's pre_forward, convert_input on every argument, the call inside
+  /// forward_context, convert_output after the scope has closed.
   template <class M, class... Args>
   auto forward(M&& module, const Args&... args) {
+    strategy_.pre_forward();
     auto out = [&] {
       auto inputs = std::make_tuple(convert_input(args)...);
       [[maybe_unused]] auto guard = forward_context();
@@ -130,12 +147,13 @@ class Runtime {
     return convert_output(out);
   }
 
-  /// pre_backward, backward, post_backward; returns post_backward's (detached) loss.
+  /// pre_backward, backward (inside the strategy's: gradients are reduced across processes
+  /// when it returns), post_backward; returns post_backward's (detached) loss.
   template <class M>
   at::Tensor backward(const at::Tensor& loss, M& module) {
     torch::nn::Module& m = detail::as_module(module);
     at::Tensor l = precision_.pre_backward(loss, m);
-    precision_.backward(l, m);
+    strategy_.backward(l, [&] { precision_.backward(l, m); });
     return precision_.post_backward(l, m);
   }
 
@@ -175,31 +193,37 @@ class Runtime {
     return device_.dataloader_to_device(source, std::move(fn)...);
   }
 
-  /// Every policy's state, keys prefixed "device." and "precision.", plus "precision": the
-  /// precision's name, which load_state_dict checks.
+  /// Every policy's state, keys prefixed "device.", "precision." and "strategy.", plus
+  /// "precision": the precision's name, which load_state_dict checks.
   StateDict state_dict() const {
     return detail::merge_states(precision_name(), {{"device.", device_.state_dict()},
-                                                   {"precision.", precision_.state_dict()}});
+                                                   {"precision.", precision_.state_dict()},
+                                                   {"strategy.", strategy_.state_dict()}});
   }
 
   /// Loads what state_dict() saved; refuses a state saved under another precision, or with
   /// keys no policy owns.
   void load_state_dict(const StateDict& state) {
-    auto parts = detail::split_states(state, precision_name(), {"device.", "precision."});
+    auto parts =
+        detail::split_states(state, precision_name(), {"device.", "precision.", "strategy."});
     device_.load_state_dict(parts[0]);
     precision_.load_state_dict(parts[1]);
+    strategy_.load_state_dict(parts[2]);
   }
 
-  /// Releases what the policies hold, after the last step: the precision's, then the device's
-  /// (Cuda waits for its work and empties the allocator's cache).
+  /// Releases what the policies hold, after the last step: the precision's, the strategy's
+  /// (Ddp: a barrier, then the process group shuts down), then the device's (Cuda waits for
+  /// its work and empties the allocator's cache).
   void teardown() {
     precision_.teardown();
+    strategy_.teardown();
     device_.teardown();
   }
 
  private:
   [[no_unique_address]] Device device_;
   [[no_unique_address]] Precision precision_;
+  [[no_unique_address]] Strategy strategy_;
 };
 
 }  // namespace loom

@@ -5,11 +5,13 @@
 //
 // calls train with a loom::Runtime<Device, Precision> for the named pair. Every pair is
 // compiled (2 devices x 6 precisions), so fn must return the same type for all of them.
+// with_runtime<loom::Ddp>(...) gives each runtime that strategy (default-constructed).
 #include <string_view>
 #include <type_traits>
 #include <utility>
 
 #include <loom/device/select.hpp>
+#include <loom/dist/single_process.hpp>
 #include <loom/precision/select.hpp>
 #include <loom/runtime.hpp>
 
@@ -22,11 +24,11 @@ struct RuntimeOptions {
   PrecisionOptions precision{};
 };
 
-/// Calls `fn(rt)` with a `Runtime<D, P>` for the device `device_name` selects (see
+/// Calls `fn(rt)` with a `Runtime<D, P, Strategy>` for the device `device_name` selects (see
 /// device::parse_device) and the precision `precision_name` selects (see with_precision),
 /// built from `options`, and returns fn's result. Unknown names throw loom::Error listing the
 /// allowed ones; naming "cuda" without a usable GPU throws loom::Error from Cuda's constructor.
-template <class Fn>
+template <class Strategy = dist::SingleProcess, class Fn>
 decltype(auto) with_runtime(std::string_view device_name, std::string_view precision_name, Fn&& fn,
                             const RuntimeOptions& options = {}) {
   const device::Kind kind = device::parse_device(device_name);  // before a precision warning
@@ -34,8 +36,8 @@ decltype(auto) with_runtime(std::string_view device_name, std::string_view preci
     return with_precision(
         precision_name,
         [&](auto precision) -> decltype(auto) {
-          Runtime<decltype(device), decltype(precision)> rt(std::move(device),
-                                                            std::move(precision));
+          Runtime<decltype(device), decltype(precision), Strategy> rt(
+              std::move(device), std::move(precision), Strategy());
           return fn(rt);
         },
         options.precision);

@@ -5,6 +5,8 @@
 
 #include "support/catch.hpp"
 
+#include <torch/nn/modules/linear.h>
+
 #include <loom/loom.hpp>
 
 #include "support/archetypes.hpp"
@@ -51,35 +53,98 @@ struct CopyableContext : precision::Defaults<CopyableContext> {
   CopyableGuard forward_context(c10::DeviceType) const { return {}; }
 };
 
-/// A hypothetical third policy family, to show what adding one takes: a row list, its check,
-/// and an entry in a family list (here a test-only list; Runtime's is detail::families).
-template <class S>
-concept toy_has_name = requires {
-  { S::strategy() } -> std::same_as<std::string_view>;
+/// A strategy that records the order Runtime calls its hooks in, on top of the defaults.
+struct RecordingStrategy : dist::Defaults<RecordingStrategy> {
+  static constexpr std::string_view strategy() { return "recording"; }
+  std::vector<std::string>* log = nullptr;
+  void setup(torch::nn::Module& m, c10::Device d, std::string_view backend) {
+    log->push_back("setup " + std::to_string(m.parameters().size()) + " " + d.str() + " " +
+                   std::string(backend));
+  }
+  void pre_forward() { log->push_back("pre_forward"); }
+  template <class Step>
+  void backward(const at::Tensor&, Step&& step) {
+    log->push_back("backward begins");
+    step();
+    log->push_back("backward ends");
+  }
+  void teardown() { log->push_back("strategy teardown"); }
 };
-#define LOOM_TEST_TOY_ROWS(X, ...) X(__VA_ARGS__, toy_has_name, "`strategy()`")
-#define LOOM_TEST_TOY_AND(T, row, text) &&row<T>
-template <class S>
-concept ToyStrategy = true LOOM_TEST_TOY_ROWS(LOOM_TEST_TOY_AND, S);
-struct toy_family {
-  template <class T>
-  static constexpr bool models = ToyStrategy<T>;
-};
-struct Single {
-  static constexpr std::string_view strategy() { return "single"; }
-};
-using three_families = loom::detail::family_list<loom::detail::device_family,
-                                                 loom::detail::precision_family, toy_family>;
+
+template <int... K>
+constexpr bool strategy_rows_all_required(std::integer_sequence<int, K...>) {
+  return (!StrategyPolicy<testing::StrategyArchetype<K + 1>> && ...);
+}
 
 }  // namespace
 
-TEST_CASE("a third policy family joins the order check through the family list",
-          "[concepts][runtime]") {
-  STATIC_REQUIRE(ToyStrategy<Single>);
-  STATIC_REQUIRE(loom::detail::family_of<Single>(three_families{}) == 2);
-  STATIC_REQUIRE(loom::detail::policies_in_order<Cpu, Fp32, Single>(three_families{}));
-  STATIC_REQUIRE_FALSE(loom::detail::policies_in_order<Cpu, Single, Fp32>(three_families{}));
-  STATIC_REQUIRE_FALSE(loom::detail::policies_in_order<Single, Fp32, Cpu>(three_families{}));
+TEST_CASE("StrategyPolicy accepts shipped, minimal and custom strategies", "[concepts][strategy]") {
+  STATIC_REQUIRE(StrategyPolicy<SingleProcess>);
+  STATIC_REQUIRE(StrategyPolicy<testing::StrategyArchetype<-1>>);
+  STATIC_REQUIRE(StrategyPolicy<RecordingStrategy>);
+  STATIC_REQUIRE(SingleProcess::strategy() == "single_device");
+  STATIC_REQUIRE(std::is_empty_v<SingleProcess>);
+}
+
+TEST_CASE("StrategyPolicy rejects a strategy that lacks any one row", "[concepts][strategy]") {
+  STATIC_REQUIRE(
+      strategy_rows_all_required(std::make_integer_sequence<int, testing::s_rows - 1>{}));
+  STATIC_REQUIRE_FALSE(loom::detail::strategy_has_backward<
+                       testing::StrategyArchetype<testing::s_strategy_has_backward>>);
+  STATIC_REQUIRE_FALSE(Checkpointable<testing::StrategyArchetype<testing::s_has_teardown>>);
+  STATIC_REQUIRE_FALSE(StrategyPolicy<Cpu>);
+  STATIC_REQUIRE_FALSE(StrategyPolicy<Fp32>);
+  STATIC_REQUIRE_FALSE(StrategyPolicy<int>);
+}
+
+TEST_CASE("The strategy is Runtime's third, defaulted argument", "[concepts][strategy]") {
+  STATIC_REQUIRE(std::is_same_v<Runtime<Cpu, Fp32>, Runtime<Cpu, Fp32, SingleProcess>>);
+  STATIC_REQUIRE(loom::detail::family_of<SingleProcess>(loom::detail::families{}) == 2);
+  STATIC_REQUIRE(loom::detail::policies_in_order<Cpu, Fp32, SingleProcess>());
+  STATIC_REQUIRE_FALSE(loom::detail::policies_in_order<Cpu, SingleProcess, Fp32>());
+  STATIC_REQUIRE_FALSE(loom::detail::policies_in_order<SingleProcess, Fp32, Cpu>());
+  STATIC_REQUIRE(
+      sizeof(Runtime<DeviceArchetype<-1>, PrecisionArchetype<-1>, testing::StrategyArchetype<-1>>) >
+      0);
+}
+
+TEST_CASE("Runtime calls the strategy's hooks in the step table's order", "[runtime][strategy]") {
+  std::vector<std::string> log;
+  RecordingStrategy s;
+  s.log = &log;
+  Runtime<Cpu, Fp32, RecordingStrategy> rt(Cpu{}, Fp32{}, s);
+  torch::nn::Linear model(3, 2);
+  rt.setup(model);
+  auto out = rt.forward(model, torch::ones({4, 3}));
+  CHECK(log == std::vector<std::string>{"setup 2 cpu gloo", "pre_forward"});
+  rt.backward(out.sum(), model);
+  CHECK(log.back() == "backward ends");
+  CHECK(log[log.size() - 2] == "backward begins");
+  REQUIRE(model->weight.grad().defined());  // the precision's backward ran inside
+  CHECK(model->weight.grad().sum().item<float>() == 24.0f);
+  rt.teardown();
+  CHECK(log.back() == "strategy teardown");
+  CHECK(rt.strategy().rank() == 0);
+  CHECK(rt.strategy().world_size() == 1);
+  CHECK(rt.strategy().is_global_zero());
+}
+
+TEST_CASE("SingleProcess collectives are the one-process results", "[strategy]") {
+  SingleProcess s;
+  auto t = torch::tensor({1.0f, -2.0f});
+  for (auto op :
+       {dist::ReduceOp::Sum, dist::ReduceOp::Mean, dist::ReduceOp::Max, dist::ReduceOp::Min}) {
+    s.all_reduce(t, op);
+    CHECK(torch::equal(t, torch::tensor({1.0f, -2.0f})));
+  }
+  s.broadcast(t, 0);
+  auto gathered = s.all_gather(t);
+  REQUIRE(gathered.size() == 1);
+  CHECK(torch::equal(gathered[0], t));
+  CHECK(gathered[0].data_ptr() != t.data_ptr());
+  CHECK_THROWS_WITH(s.broadcast(t, 1), Catch::Contains("broadcast from rank 1 in a run of 1"));
+  CHECK_THROWS_WITH(s.load_state_dict({{"x", c10::IValue(1)}}),
+                    Catch::Contains("the single_device strategy has no state"));
 }
 
 TEST_CASE("ScopeGuard accepts non-copyable RAII scopes only", "[concepts][scope_guard]") {
@@ -142,7 +207,8 @@ TEST_CASE("DevicePolicy rejects a policy that lacks any one row", "[concepts][de
   STATIC_REQUIRE_FALSE(DevicePolicy<Fp32>);
 }
 
-TEST_CASE("Checkpointable is shared by both families", "[concepts][checkpointable]") {
+TEST_CASE("Checkpointable is shared by every family", "[concepts][checkpointable]") {
+  STATIC_REQUIRE(Checkpointable<SingleProcess>);
   STATIC_REQUIRE(Checkpointable<Cpu>);
   STATIC_REQUIRE(Checkpointable<Cuda>);
   STATIC_REQUIRE(Checkpointable<Fp32>);
@@ -161,7 +227,7 @@ TEST_CASE("Runtime's order check knows which family each policy belongs to",
   STATIC_REQUIRE_FALSE(loom::detail::policies_in_order<Cpu, Cpu>());
 }
 
-TEST_CASE("A runtime of two empty policies is an empty class", "[concepts][runtime]") {
+TEST_CASE("A runtime of empty policies is an empty class", "[concepts][runtime]") {
   STATIC_REQUIRE(std::is_empty_v<Cpu>);
   STATIC_REQUIRE(std::is_empty_v<Fp32>);
   STATIC_REQUIRE(std::is_empty_v<Runtime<Cpu, Fp32>>);

@@ -16,6 +16,7 @@
 #include <loom/concepts/checkpointable.hpp>
 #include <loom/concepts/device_policy.hpp>
 #include <loom/concepts/precision_policy.hpp>
+#include <loom/concepts/strategy.hpp>
 #include <loom/guards.hpp>
 #include <loom/state_dict.hpp>
 
@@ -31,6 +32,11 @@ enum PrecisionRow {
 enum DeviceRow {
   LOOM_DETAIL_DEVICE_ROWS(LOOM_TESTING_ROW_ENUM, d_)
       LOOM_DETAIL_CHECKPOINTABLE_ROWS(LOOM_TESTING_ROW_ENUM, d_) d_rows
+};
+/// The StrategyPolicy rows, Checkpointable's last: s_<row concept>.
+enum StrategyRow {
+  LOOM_DETAIL_STRATEGY_ROWS(LOOM_TESTING_ROW_ENUM, s_)
+      LOOM_DETAIL_CHECKPOINTABLE_ROWS(LOOM_TESTING_ROW_ENUM, s_) s_rows
 };
 #undef LOOM_TESTING_ROW_ENUM
 
@@ -126,6 +132,36 @@ struct DeviceArchetype {
   StateDict state_dict() const requires(Missing != d_has_state_dict) { return {}; }
   void load_state_dict(const StateDict&) requires(Missing != d_has_load_state_dict) {}
   void teardown() requires(Missing != d_has_teardown) {}
+};
+
+/// Lacks nothing for Missing < 0, else the row whose enumerator is Missing (not s_movable).
+template <int Missing>
+struct StrategyArchetype {
+  static constexpr std::string_view strategy() requires(Missing != s_strategy_has_name) {
+    return "arch";
+  }
+  void setup(torch::nn::Module&, c10::Device,
+             std::string_view) requires(Missing != s_strategy_has_setup) {}
+  void pre_forward() requires(Missing != s_strategy_has_pre_forward) {}
+  template <class Step>
+  void backward(const at::Tensor&, Step&& step) requires(Missing != s_strategy_has_backward) {
+    step();
+  }
+  NullGuard no_sync() requires(Missing != s_strategy_has_no_sync) { return {}; }
+  int rank() const requires(Missing != s_strategy_has_rank) { return 0; }
+  int world_size() const requires(Missing != s_strategy_has_world_size) { return 1; }
+  int local_rank() const requires(Missing != s_strategy_has_local_rank) { return 0; }
+  bool is_global_zero() const requires(Missing != s_strategy_has_is_global_zero) { return true; }
+  void barrier() requires(Missing != s_strategy_has_barrier) {}
+  void all_reduce(at::Tensor&, dist::ReduceOp) requires(Missing != s_strategy_has_all_reduce) {}
+  void broadcast(at::Tensor&, int) requires(Missing != s_strategy_has_broadcast) {}
+  std::vector<at::Tensor> all_gather(const at::Tensor& t) requires(Missing !=
+                                                                   s_strategy_has_all_gather) {
+    return {t};
+  }
+  StateDict state_dict() const requires(Missing != s_has_state_dict) { return {}; }
+  void load_state_dict(const StateDict&) requires(Missing != s_has_load_state_dict) {}
+  void teardown() requires(Missing != s_has_teardown) {}
 };
 
 }  // namespace loom::testing

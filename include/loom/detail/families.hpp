@@ -8,6 +8,7 @@
 
 #include <loom/concepts/device_policy.hpp>
 #include <loom/concepts/precision_policy.hpp>
+#include <loom/concepts/strategy.hpp>
 #include <loom/detail/rows.hpp>
 
 namespace loom::detail {
@@ -28,8 +29,15 @@ struct precision_family {
   using check = precision_check<T>;
 };
 
+struct strategy_family {
+  template <class T>
+  static constexpr bool models = StrategyPolicy<T>;
+  template <class T>
+  using check = strategy_check<T>;
+};
+
 /// The families, in Runtime's parameter order.
-using families = family_list<device_family, precision_family>;
+using families = family_list<device_family, precision_family, strategy_family>;
 
 /// The position of the first family T models, or -1 when it models none.
 template <class T, class... F>

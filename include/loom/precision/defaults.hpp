@@ -1,15 +1,13 @@
 #pragma once
-#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceType.h>
 #include <torch/nn/module.h>
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/optimizer.h>
 
 #include <loom/concepts/precision_policy.hpp>
-#include <loom/error.hpp>
+#include <loom/detail/precision_defaults.hpp>
 #include <loom/guards.hpp>
 #include <loom/state_dict.hpp>
 
@@ -51,11 +49,7 @@ struct Defaults {
 
   /// The parameters the optimizer updates: every parameter of every group, in order.
   std::vector<at::Tensor> main_params(torch::optim::Optimizer& optimizer) const {
-    std::vector<at::Tensor> params;
-    for (auto& group : optimizer.param_groups()) {
-      for (auto& p : group.params()) params.push_back(p);
-    }
-    return params;
+    return detail::all_params(optimizer);
   }
 
   /// Makes the gradients true gradients (undoes loss scaling); nothing to undo here.
@@ -68,25 +62,14 @@ struct Defaults {
                         double norm_type = 2.0) {
     if (value <= 0) return 0.0;
     self().unscale_gradients(optimizer);
-    auto params = self().main_params(optimizer);
-    if (algorithm == ClipAlgorithm::Value) {
-      torch::nn::utils::clip_grad_value_(params, value);
-      return 0.0;
-    }
-    return torch::nn::utils::clip_grad_norm_(params, value, norm_type,
-                                             /*error_if_nonfinite=*/false);
+    return detail::clip_params(self().main_params(optimizer), value, algorithm, norm_type);
   }
 
   /// The factor the loss is multiplied by before backward: 1, no loss scaling.
   double loss_scale() const { return 1.0; }
 
   StateDict state_dict() const { return {}; }
-  void load_state_dict(const StateDict& state) {
-    if (!state.empty()) {
-      throw Error("loom: the " + std::string(Self::precision()) + " precision has no state, but " +
-                  "the state dict holds the key '" + state.begin()->first + "'");
-    }
-  }
+  void load_state_dict(const StateDict& state) { detail::refuse_state(Self::precision(), state); }
   void teardown() {}
 
  private:

@@ -1,4 +1,5 @@
-// A user's program: trains a linear model through loom::Runtime<Cpu, Fp32>.
+// A user's program: trains a linear model through loom::Runtime<Cpu, Fp32> (with loom::Ddp,
+// in one process, when the package has loom::dist).
 #include <cstdio>
 
 #include <torch/nn/functional/loss.h>
@@ -9,7 +10,13 @@
 
 int main() {
   torch::manual_seed(0);
+#ifdef LOOM_CONSUMER_DIST
+  loom::Runtime<loom::Cpu, loom::Fp32, loom::Ddp> rt;
+  const char* how = " through loom::Ddp";
+#else
   loom::Runtime<loom::Cpu, loom::Fp32> rt;
+  const char* how = "";
+#endif
   torch::nn::Linear model(4, 1);
   torch::optim::SGD opt(model->parameters(), 0.1);
   rt.setup(model, opt);
@@ -30,6 +37,6 @@ int main() {
     std::printf("consumer: did not learn (%f -> %f)\n", first, last);
     return 1;
   }
-  std::printf("consumer: trained %d steps, loss %.4f -> %.4f\n", steps, first, last);
+  std::printf("consumer: trained %d steps%s, loss %.4f -> %.4f\n", steps, how, first, last);
   return 0;
 }

@@ -1,0 +1,36 @@
+# The loom::dist library (see the top-level CMakeLists.txt): loom::Ddp's definitions.
+find_path(LOOM_GLOO_INCLUDE_DIR gloo/algorithm.h DOC "gloo's headers (headers only)")
+if(NOT LOOM_GLOO_INCLUDE_DIR)
+  message(FATAL_ERROR "loom: loom::dist needs gloo's headers (Debian: libgloo-dev; headers "
+                      "only, its library is never linked). Install them, set "
+                      "LOOM_GLOO_INCLUDE_DIR, or configure with -DLOOM_BUILD_DIST=OFF.")
+endif()
+set(_loom_dist "${PROJECT_SOURCE_DIR}/src/dist")
+add_library(loom_dist STATIC ${_loom_dist}/ddp.cpp ${_loom_dist}/gloo.cpp ${_loom_dist}/nccl.cpp)
+add_library(loom::dist ALIAS loom_dist)
+set_target_properties(loom_dist PROPERTIES EXPORT_NAME dist POSITION_INDEPENDENT_CODE ON)
+target_link_libraries(loom_dist PUBLIC loom)
+if(TARGET loom_warnings)
+  target_link_libraries(loom_dist PRIVATE $<BUILD_INTERFACE:loom_warnings>)
+endif()
+# Only gloo.cpp sees gloo's headers (a system directory is already searched).
+if(NOT LOOM_GLOO_INCLUDE_DIR STREQUAL "/usr/include")
+  set_source_files_properties(${_loom_dist}/gloo.cpp PROPERTIES
+    COMPILE_OPTIONS "-isystem;${LOOM_GLOO_INCLUDE_DIR}")
+endif()
+# NCCL: the torch wheel's nvidia-nccl package has nccl.h; without it (or without torch_cuda)
+# the nccl backend reports that it was not built.
+set(_loom_nccl 0)
+if(TARGET torch_cuda)
+  find_path(LOOM_NCCL_INCLUDE_DIR nccl.h
+            HINTS "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/include" NO_DEFAULT_PATH)
+  if(LOOM_NCCL_INCLUDE_DIR)
+    set(_loom_nccl 1)
+    set_source_files_properties(${_loom_dist}/nccl.cpp PROPERTIES
+      COMPILE_OPTIONS "-isystem;${LOOM_NCCL_INCLUDE_DIR}")
+  endif()
+endif()
+set_property(SOURCE ${_loom_dist}/nccl.cpp APPEND PROPERTY COMPILE_DEFINITIONS
+             LOOM_DIST_NCCL=${_loom_nccl})
+message(STATUS "loom: loom::dist with gloo (headers: ${LOOM_GLOO_INCLUDE_DIR}), "
+               "nccl ${_loom_nccl}")

@@ -1,0 +1,49 @@
+#pragma once
+#include <loom/concepts/checkpointable.hpp>
+#include <loom/detail/strategy_rows.hpp>
+
+namespace loom::dist {
+
+/// The reductions StrategyPolicy::all_reduce offers; Mean is Sum divided by the world size.
+enum class ReduceOp : int { Sum, Mean, Max, Min };
+
+}  // namespace loom::dist
+
+namespace loom {
+
+/// What `Runtime`'s Strategy argument must provide: how the processes of a run cooperate.
+///
+///   s: S&  cs: const S&  m: torch::nn::Module&  dev: torch::Device  backend: std::string_view
+///   loss, t: torch::Tensor  step: a callable running the precision's backward  op: ReduceOp
+///
+///   expression               returns                   dist::Defaults<S> does (one process)
+///   S::strategy()            std::string_view, const   (none) "single_device", "ddp"
+///   s.setup(m, dev, backend) void                      nothing
+///   s.pre_forward()          void                      nothing
+///   s.backward(loss, step)   void                      step()
+///   s.no_sync()              ScopeGuard                NullGuard
+///   cs.rank()                int                       0
+///   cs.world_size()          int                       1
+///   cs.local_rank()          int                       0
+///   cs.is_global_zero()      bool                      rank() == 0
+///   s.barrier()              void                      nothing
+///   s.all_reduce(t, op)      void (t in place)         nothing (one process: t is the result)
+///   s.broadcast(t, src)      void (t in place)         nothing; src must be 0
+///   s.all_gather(t)          std::vector<Tensor>       {t.clone()}
+///   + Checkpointable<S>: state_dict {}, load_state_dict (non-empty: loom::Error), teardown
+///
+/// When Runtime calls them (the step table of runtime.hpp): setup after the device has moved
+/// the module (`dev` is the device's device(), `backend` its ddp_backend()); pre_forward at
+/// the start of every forward; backward around the precision's backward, so that gradients
+/// are reduced when Runtime::backward returns, before unscale, clip or step; teardown between
+/// the precision's and the device's.
+/// Minimal complete definition, on dist::Defaults<S>: `S::strategy()`.
+/// Laws: every rank calls the collectives in the same order; after backward every rank holds
+/// the same gradients unless a no_sync() guard is alive.
+/// Models: dist::SingleProcess, dist::Ddp.
+/// Page: docs/concepts/strategy.md
+template <class S>
+concept StrategyPolicy =
+    true LOOM_DETAIL_STRATEGY_ROWS(LOOM_DETAIL_ROW_AND, S) && Checkpointable<S>;
+
+}  // namespace loom

@@ -1,0 +1,46 @@
+#pragma once
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/optimizer.h>
+
+#include <loom/concepts/precision_policy.hpp>
+#include <loom/error.hpp>
+#include <loom/state_dict.hpp>
+
+// The bodies of precision::Defaults<Self> that do not depend on Self, as plain inline
+// functions: compiled once per translation unit instead of once per precision policy.
+namespace loom::detail {
+
+/// Every parameter of every group of `optimizer`, in order.
+inline std::vector<at::Tensor> all_params(torch::optim::Optimizer& optimizer) {
+  std::vector<at::Tensor> params;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) params.push_back(p);
+  }
+  return params;
+}
+
+/// Clips the gradients of `params`; returns the total norm for ClipAlgorithm::Norm, else 0.
+inline double clip_params(const std::vector<at::Tensor>& params, double value,
+                          precision::ClipAlgorithm algorithm, double norm_type) {
+  if (algorithm == precision::ClipAlgorithm::Value) {
+    torch::nn::utils::clip_grad_value_(params, value);
+    return 0.0;
+  }
+  return torch::nn::utils::clip_grad_norm_(params, value, norm_type,
+                                           /*error_if_nonfinite=*/false);
+}
+
+/// Throws unless `state` is empty: the precision `name` keeps no state.
+inline void refuse_state(std::string_view name, const StateDict& state) {
+  if (!state.empty()) {
+    throw Error("loom: the " + std::string(name) + " precision has no state, but the state " +
+                "dict holds the key '" + state.begin()->first + "'");
+  }
+}
+
+}  // namespace loom::detail

@@ -1,0 +1,164 @@
+#pragma once
+// loom::Ddp, data parallelism on torch.distributed's engine. Declarations only: the
+// definitions are the compiled library loom::dist (src/dist/), which links c10d's Reducer,
+// TCPStore and process groups from libtorch; include this header anywhere, link loom::dist
+// where a Ddp is constructed.
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <loom/concepts/strategy.hpp>
+#include <loom/state_dict.hpp>
+
+namespace torch::nn {
+class Module;
+}
+
+namespace loom::dist {
+
+/// Where this process sits in the run: what torchrun (or a hand launch) put in the
+/// environment, validated. Read by Ddp's constructor; read_environment() is the same check.
+struct Environment {
+  int rank = 0;             ///< RANK, default 0
+  int world_size = 1;       ///< WORLD_SIZE, default 1
+  int local_rank = 0;       ///< LOCAL_RANK, default 0
+  std::string master_addr;  ///< MASTER_ADDR, required when world_size > 1
+  int master_port = 0;      ///< MASTER_PORT, required when world_size > 1
+  /// TORCHELASTIC_USE_AGENT_STORE is "True": the launcher hosts the store, every rank is a
+  /// client (rank 0 included).
+  bool agent_store = false;
+  /// None of RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT is set: one process, a
+  /// store in memory, no sockets for the rendezvous.
+  bool single_process = true;
+};
+
+/// The environment, read strictly: a malformed number, RANK >= WORLD_SIZE or a missing
+/// MASTER_ADDR/MASTER_PORT with WORLD_SIZE > 1 throws loom::Error naming the variable.
+Environment read_environment();
+
+/// Ddp's settings; the defaults are Python DistributedDataParallel's.
+struct DdpOptions {
+  /// One timeout for the rendezvous (the TCPStore) and for every collective of the group:
+  /// a rank that died or hung makes the others fail after at most this long.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  /// Search the graph of each loss for parameters that get no gradient (a slower backward).
+  bool find_unused_parameters = false;
+  /// Gradients become views into the all-reduce buckets (saves a copy and memory).
+  bool gradient_as_bucket_view = false;
+  /// Bucket size in MiB after the first iteration; unset: 25 MiB, with a 1 MiB first bucket.
+  std::optional<double> bucket_cap_mb;
+  /// Broadcast rank 0's buffers (batch-norm statistics, ...) before every forward.
+  bool broadcast_buffers = true;
+  /// The backend, when not the device's ddp_backend(): "gloo" on a Cuda device, say.
+  std::optional<std::string> backend;
+};
+
+namespace detail {
+struct DdpState;
+}
+
+/// Restores gradient synchronization when it goes out of scope (Ddp::no_sync()).
+class NoSyncGuard {
+ public:
+  explicit NoSyncGuard(detail::DdpState* state);
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+  ~NoSyncGuard();
+
+ private:
+  detail::DdpState* state_;
+  bool previous_;
+};
+
+/// "ddp": Python's DistributedDataParallel, driving the same engine from C++.
+///
+/// The process group comes from the environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK,
+/// MASTER_ADDR, MASTER_PORT): a TCPStore with Python's key prefixes, then gloo for a CPU
+/// device or NCCL for a CUDA one (its current device set first). setup() checks that every
+/// rank's parameters have the same shapes, broadcasts rank 0's parameters and buffers, and
+/// builds a c10d::Reducer (with its c10d::Logger) over the parameters that require a
+/// gradient: one bucket in the first iteration, then 1 MiB and 25 MiB buckets in the order
+/// gradients became ready, all-reduced while the backward pass runs. When Runtime::backward
+/// returns, every rank holds the gradients averaged over the ranks.
+///
+/// A collective that fails (a rank died, hung past the timeout, or left early) throws
+/// loom::Error naming the rank, the world size, the timeout and what to check; the process
+/// group is then abandoned, not waited for, so the process can leave with an error code.
+/// One module per Ddp. Move-only.
+///
+///   loom::Runtime<loom::Cpu, loom::Fp32, loom::Ddp> rt;
+///   rt.setup(model, optimizer);           // rank 0's weights on every rank
+///   rt.backward(loss, model);             // gradients averaged when this returns
+class Ddp {
+ public:
+  static constexpr std::string_view strategy() { return "ddp"; }
+
+  /// Reads and validates the environment; connects nothing yet (setup() does).
+  Ddp();
+  explicit Ddp(DdpOptions options);
+  Ddp(Ddp&&) noexcept;
+  Ddp& operator=(Ddp&&) noexcept;
+  ~Ddp();
+
+  /// Connects the process group for `backend` ("gloo", "nccl") on `device`, checks and
+  /// broadcasts `module`'s parameters and buffers from rank 0, builds the reducer.
+  void setup(torch::nn::Module& module, c10::Device device, std::string_view backend);
+  /// The reducer's per-forward work: prepare_for_forward, rebuild_buckets, buffer broadcast.
+  void pre_forward();
+  /// prepare_for_backward, then `step` (the precision's backward, during which the reducer
+  /// all-reduces the buckets); a failed collective becomes loom::Error.
+  template <class Step>
+  void backward(const at::Tensor& loss, Step&& step) {
+    prepare_backward(loss);
+    try {
+      std::forward<Step>(step)();
+    } catch (...) {
+      fail("the gradient all-reduce in backward", std::current_exception());
+    }
+  }
+  /// Gradient accumulation: forwards and backwards within the guard's scope do not
+  /// synchronize; the first backward after it does, over the accumulated gradients.
+  [[nodiscard]] NoSyncGuard no_sync();
+
+  int rank() const;
+  int world_size() const;
+  int local_rank() const;
+  bool is_global_zero() const { return rank() == 0; }
+  const Environment& environment() const;
+  const DdpOptions& options() const;
+  /// The backend setup() connected ("gloo", "nccl"); empty before setup.
+  std::string_view backend() const;
+
+  /// Collectives over every rank, in place; valid after setup().
+  void barrier();
+  void all_reduce(at::Tensor& t, ReduceOp op);
+  void broadcast(at::Tensor& t, int src);
+  std::vector<at::Tensor> all_gather(const at::Tensor& t);
+
+  StateDict state_dict() const { return {}; }
+  void load_state_dict(const StateDict& state);
+  /// A barrier, then the process group shuts down (no "connection closed by peer" on the
+  /// others); called by Runtime::teardown, and by the destructor if not called before.
+  void teardown();
+
+ private:
+  void prepare_backward(const at::Tensor& loss);
+  [[noreturn]] void fail(std::string_view what, std::exception_ptr error);
+
+  std::unique_ptr<detail::DdpState> state_;
+};
+
+}  // namespace loom::dist
+
+namespace loom {
+using dist::Ddp;
+using dist::DdpOptions;
+}  // namespace loom

@@ -1,0 +1,69 @@
+#pragma once
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <loom/concepts/strategy.hpp>
+#include <loom/error.hpp>
+#include <loom/guards.hpp>
+#include <loom/state_dict.hpp>
+
+namespace torch::nn {
+class Module;
+}
+
+namespace loom::dist {
+
+/// The one-process behaviour of every StrategyPolicy member except the name. Empty and
+/// non-virtual: every hook is an empty inline function, so a Runtime on these defaults
+/// compiles to the same code as a Runtime without a strategy.
+///
+/// Self is the policy deriving from it (CRTP):
+///   struct Local : loom::dist::Defaults<Local> {
+///     static constexpr std::string_view strategy() { return "local"; }
+///   };
+template <class Self>
+struct Defaults {
+  /// Names this base for loom::is_default (is_default.hpp).
+  using defaults_type = Defaults;
+
+  void setup(torch::nn::Module&, c10::Device, std::string_view) {}
+  void pre_forward() {}
+  /// Runs the precision's backward; a distributed strategy reduces gradients around it.
+  template <class Step>
+  void backward(const at::Tensor&, Step&& step) {
+    step();
+  }
+  /// Gradient accumulation: within the guard's scope backward does not synchronize.
+  NullGuard no_sync() { return {}; }
+
+  int rank() const { return 0; }
+  int world_size() const { return 1; }
+  int local_rank() const { return 0; }
+  bool is_global_zero() const { return static_cast<const Self&>(*this).rank() == 0; }
+
+  void barrier() {}
+  /// One process: `t` already is the sum, mean, max and min over all processes.
+  void all_reduce(at::Tensor&, ReduceOp) {}
+  void broadcast(at::Tensor&, int src) {
+    if (src != 0) {
+      throw Error("loom: broadcast from rank " + std::to_string(src) + " in a run of " +
+                  std::to_string(static_cast<const Self&>(*this).world_size()) + " process");
+    }
+  }
+  std::vector<at::Tensor> all_gather(const at::Tensor& t) { return {t.clone()}; }
+
+  StateDict state_dict() const { return {}; }
+  void load_state_dict(const StateDict& state) {
+    if (!state.empty()) {
+      throw Error("loom: the " + std::string(Self::strategy()) + " strategy has no state, but " +
+                  "the state dict holds the key '" + state.begin()->first + "'");
+    }
+  }
+  void teardown() {}
+};
+
+}  // namespace loom::dist

@@ -1,0 +1,566 @@
+// loom::Ddp on c10d: the store, the process group, the Reducer and its Logger, driven in the
+// order Python's torch.nn.parallel.DistributedDataParallel drives them.
+#include <loom/dist/ddp.hpp>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <limits>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include <ATen/core/grad_mode.h>
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+#include <torch/csrc/autograd/generated/variable_factories.h>
+#include <torch/nn/module.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/logger.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+
+#include <loom/detail/env.hpp>
+#include <loom/error.hpp>
+
+#include "backends.hpp"
+
+namespace loom::dist {
+namespace {
+
+constexpr std::string_view who = "loom::Ddp";
+// Python's DistributedDataParallel: broadcast_bucket_size and the reducer's bucket sizes.
+constexpr std::size_t broadcast_bucket_bytes = 250u << 20;
+constexpr std::int64_t default_first_bucket_bytes = 1 << 20;
+constexpr std::int64_t default_bucket_bytes = 25 << 20;
+
+const char* env(const char* name) { return std::getenv(name); }
+
+std::string seconds(std::chrono::milliseconds t) {
+  auto ms = t.count();
+  if (ms % 1000 == 0) return std::to_string(ms / 1000) + " s";
+  return std::to_string(ms) + " ms";
+}
+
+/// The message of any exception, without c10's backtrace.
+std::string message_of(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+/// Whether `error` came from communication (a peer, the network, a timeout), not from a misuse
+/// the reducer diagnosed: gloo throws gloo::IoException (a std::runtime_error, not c10::Error).
+bool is_communication_error(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::DistError&) {
+    return true;
+  } catch (const c10::Error&) {
+    return false;
+  } catch (const loom::Error&) {
+    return false;
+  } catch (...) {
+    return true;
+  }
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Max:
+      return c10d::ReduceOp(c10d::ReduceOp::MAX);
+    case ReduceOp::Min:
+      return c10d::ReduceOp(c10d::ReduceOp::MIN);
+    case ReduceOp::Sum:
+    case ReduceOp::Mean:
+      break;
+  }
+  return c10d::ReduceOp(c10d::ReduceOp::SUM);
+}
+
+}  // namespace
+
+Environment read_environment() {
+  Environment e;
+  const char* rank = env("RANK");
+  const char* world = env("WORLD_SIZE");
+  const char* local = env("LOCAL_RANK");
+  const char* addr = env("MASTER_ADDR");
+  const char* port = env("MASTER_PORT");
+  e.single_process = !rank && !world && !local && !addr && !port;
+  e.world_size = loom::detail::parse_env_index(world, who, "WORLD_SIZE", INT_MAX).value_or(1);
+  if (e.world_size < 1) {
+    throw Error("loom::Ddp: WORLD_SIZE is \"0\"; a run has at least one process");
+  }
+  e.rank = loom::detail::parse_env_index(rank, who, "RANK", INT_MAX).value_or(0);
+  if (e.rank >= e.world_size) {
+    throw Error("loom::Ddp: RANK is " + std::to_string(e.rank) + " but WORLD_SIZE is " +
+                std::to_string(e.world_size) + "; RANK must be from 0 to WORLD_SIZE - 1");
+  }
+  e.local_rank = loom::detail::parse_env_index(local, who, "LOCAL_RANK", INT_MAX).value_or(0);
+  if (addr) e.master_addr = addr;
+  if (port) e.master_port = loom::detail::parse_env_index(port, who, "MASTER_PORT", 65535).value();
+  if (e.world_size > 1 && (!addr || e.master_addr.empty() || !port)) {
+    throw Error("loom::Ddp: WORLD_SIZE is " + std::to_string(e.world_size) + " but " +
+                std::string(!addr || e.master_addr.empty() ? "MASTER_ADDR" : "MASTER_PORT") +
+                " is not set; start the processes with torchrun, or set MASTER_ADDR and "
+                "MASTER_PORT to rank 0's address and a free port on every rank");
+  }
+  const char* agent = env("TORCHELASTIC_USE_AGENT_STORE");
+  e.agent_store = agent && std::string_view(agent) == "True";
+  return e;
+}
+
+namespace detail {
+
+struct DdpState {
+  DdpOptions options;
+  Environment env;
+  std::string backend;
+  c10::DeviceType device_type = c10::kCPU;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  std::shared_ptr<c10d::Reducer> reducer;
+  std::shared_ptr<c10d::Logger> logger;
+  torch::nn::Module* module = nullptr;
+  bool sync = true;                // false while a NoSyncGuard lives
+  bool forward_param_sync = true;  // Python's require_forward_param_sync
+  bool failed = false;
+  bool torn_down = false;
+
+  /// Drops the group and the reducer without destroying them: after a failed collective,
+  /// ~ProcessGroupGloo would wait for work that never completes.
+  void abandon() {
+    if (group) {
+      try {
+        group->abort();
+      } catch (...) {
+      }
+      (void)group.release();
+    }
+    if (logger) new std::shared_ptr<c10d::Logger>(std::move(logger));
+    if (reducer) new std::shared_ptr<c10d::Reducer>(std::move(reducer));
+  }
+
+  /// In order: the Logger holds the Reducer, the Reducer the group.
+  void release() {
+    logger.reset();
+    reducer.reset();
+    group.reset();
+  }
+};
+
+}  // namespace detail
+
+NoSyncGuard::NoSyncGuard(detail::DdpState* state)
+    : state_(state), previous_(state ? state->sync : true) {
+  if (state_) state_->sync = false;
+}
+NoSyncGuard::~NoSyncGuard() {
+  if (state_) state_->sync = previous_;
+}
+
+Ddp::Ddp() : Ddp(DdpOptions{}) {}
+
+Ddp::Ddp(DdpOptions options) : state_(std::make_unique<detail::DdpState>()) {
+  if (options.timeout.count() <= 0) {
+    throw Error("loom::Ddp: DdpOptions::timeout must be positive");
+  }
+  if (options.bucket_cap_mb && !(*options.bucket_cap_mb > 0)) {
+    throw Error("loom::Ddp: DdpOptions::bucket_cap_mb must be positive");
+  }
+  state_->options = std::move(options);
+  state_->env = read_environment();
+}
+
+Ddp::Ddp(Ddp&&) noexcept = default;
+Ddp& Ddp::operator=(Ddp&&) noexcept = default;
+
+Ddp::~Ddp() {
+  if (!state_) return;
+  // Leaving by an exception: the other ranks may be inside another collective, so a barrier
+  // could only wait for the timeout.
+  if (state_->failed || std::uncaught_exceptions() > 0) {
+    state_->abandon();
+    return;
+  }
+  if (state_->group && !state_->torn_down) {
+    try {
+      teardown();
+    } catch (...) {
+      state_->abandon();
+      return;
+    }
+  }
+  state_->release();
+}
+
+int Ddp::rank() const { return state_->env.rank; }
+int Ddp::world_size() const { return state_->env.world_size; }
+int Ddp::local_rank() const { return state_->env.local_rank; }
+const Environment& Ddp::environment() const { return state_->env; }
+const DdpOptions& Ddp::options() const { return state_->options; }
+std::string_view Ddp::backend() const { return state_->backend; }
+
+void Ddp::fail(std::string_view what, std::exception_ptr error) {
+  const std::string text = message_of(error);
+  auto& s = *state_;
+  if (!is_communication_error(error)) {
+    std::string hint;
+    if (text.find("Expected to have finished reduction") != std::string::npos) {
+      hint =
+          " (a parameter got no gradient: set loom::DdpOptions::find_unused_parameters, or "
+          "make every parameter take part in the loss)";
+    }
+    throw Error("loom::Ddp: " + std::string(what) + " on rank " + std::to_string(s.env.rank) +
+                " of " + std::to_string(s.env.world_size) + ": " + text + hint);
+  }
+  s.failed = true;
+  s.abandon();
+  throw Error("loom::Ddp: " + std::string(what) + " failed on rank " + std::to_string(s.env.rank) +
+              " of " + std::to_string(s.env.world_size) + " processes (timeout " +
+              seconds(s.options.timeout) + "): " + text +
+              ". Another rank has died, hung for longer than the timeout or stopped calling "
+              "collectives: check the other ranks' output (torchrun names the rank that failed "
+              "first), that every rank runs the same number of steps (a DistributedSampler "
+              "gives each the same count), and loom::DdpOptions::timeout");
+}
+
+void Ddp::setup(torch::nn::Module& module, c10::Device device, std::string_view backend) {
+  auto& s = *state_;
+  if (s.module) {
+    throw Error(
+        "loom::Ddp: setup() was called a second time; one Ddp wraps one module "
+        "(use one runtime per model)");
+  }
+  if (s.failed) throw Error("loom::Ddp: a collective failed earlier; the group is gone");
+  s.backend = s.options.backend ? *s.options.backend : std::string(backend);
+  s.device_type = device.type();
+  if (s.backend != "gloo" && s.backend != "nccl") {
+    throw Error("loom::Ddp: the backend \"" + s.backend +
+                "\" is not available; loom::Ddp runs on \"gloo\" (CPU, CUDA) and \"nccl\" (CUDA)");
+  }
+  if (s.backend == "nccl" && device.type() != c10::kCUDA) {
+    throw Error("loom::Ddp: the nccl backend needs a CUDA device, not " + device.str());
+  }
+
+  // The parameters the reducer reduces: those that require a gradient, each once, in
+  // Python's order (modules in pre-order, each module's own parameters).
+  std::vector<at::Tensor> params;
+  std::unordered_map<std::size_t, std::string> names;
+  std::unordered_set<const void*> seen;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& p = item.value();
+    if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    names.emplace(params.size(), item.key());
+    params.push_back(p);
+  }
+  if (params.empty()) {
+    throw Error(
+        "loom::Ddp: the module has no parameter that requires a gradient; data "
+        "parallelism has nothing to synchronize");
+  }
+  s.module = &module;
+  if (s.env.single_process) return;  // one process: nothing to connect or reduce
+
+  // The store and the group, with Python's prefixes: default_pg, then the group's name "0",
+  // then the device type for the backend.
+  const auto timeout = s.options.timeout;
+  c10::intrusive_ptr<c10d::Store> store;
+  const std::string where = s.env.master_addr + ":" + std::to_string(s.env.master_port);
+  try {
+    if (s.env.master_addr.empty()) {
+      store = c10::make_intrusive<c10d::HashStore>();
+    } else {
+      c10d::TCPStoreOptions o;
+      o.port = static_cast<std::uint16_t>(s.env.master_port);
+      o.isServer = s.env.rank == 0 && !s.env.agent_store;
+      o.numWorkers = static_cast<std::size_t>(s.env.world_size);
+      o.waitWorkers = true;
+      o.timeout = timeout;
+      o.multiTenant = true;
+      store = c10::make_intrusive<c10d::TCPStore>(s.env.master_addr, o);
+    }
+  } catch (...) {
+    const std::string text = message_of(std::current_exception());
+    const bool server = s.env.rank == 0 && !s.env.agent_store;
+    throw Error("loom::Ddp: rank " + std::to_string(s.env.rank) + " of " +
+                std::to_string(s.env.world_size) +
+                (server ? " could not host the rendezvous store on "
+                        : " could not join the "
+                          "rendezvous store at ") +
+                where + " within " + seconds(timeout) + ": " + text +
+                (server ? ". Is MASTER_PORT in use by another process, or did every rank start?"
+                        : ". Check MASTER_ADDR and MASTER_PORT, and that rank 0 is running"));
+  }
+  try {
+    auto group_store = c10::make_intrusive<c10d::PrefixStore>(
+        "0/", c10::make_intrusive<c10d::PrefixStore>("default_pg", store));
+    s.group = c10::make_intrusive<c10d::ProcessGroup>(group_store, s.env.rank, s.env.world_size);
+    using Type = c10d::ProcessGroup::BackendType;
+    if (s.backend == "gloo") {
+      auto b = detail::make_gloo(
+          c10::make_intrusive<c10d::PrefixStore>(device.is_cuda() ? "cuda/" : "cpu/", group_store),
+          s.env.rank, s.env.world_size, timeout);
+      s.group->setDefaultBackend(Type::GLOO);
+      s.group->setBackend(c10::kCPU, Type::GLOO, b);
+      if (device.is_cuda()) s.group->setBackend(c10::kCUDA, Type::GLOO, b);
+    } else {
+      s.group->setBoundDeviceId(device);
+      auto b = detail::make_nccl(c10::make_intrusive<c10d::PrefixStore>("cuda/", group_store),
+                                 s.env.rank, s.env.world_size, timeout, device);
+      s.group->setDefaultBackend(Type::NCCL);
+      s.group->setBackend(c10::kCUDA, Type::NCCL, b);
+    }
+    s.group->setGroupName("0");
+  } catch (const loom::Error&) {
+    throw;
+  } catch (...) {
+    fail("connecting the " + s.backend + " process group", std::current_exception());
+  }
+
+  // Python's constructor: the same parameter shapes on every rank, then rank 0's parameters
+  // (all of them) and buffers everywhere. c10d's check fails only on the ranks that differ
+  // from rank 0, leaving rank 0 waiting; a fingerprint gathered first makes every rank fail.
+  std::string shapes;
+  std::uint64_t hash = 1469598103934665603ull;  // FNV-1a over every size, with separators
+  for (const auto& p : params) {
+    shapes += (shapes.empty() ? "" : " ") + c10::str(p.sizes());
+    for (auto d : p.sizes()) hash = (hash ^ static_cast<std::uint64_t>(d)) * 1099511628211ull;
+    hash = (hash ^ 0xffu) * 1099511628211ull;
+  }
+  std::vector<at::Tensor> prints;
+  try {
+    auto mine = torch::tensor(
+        {static_cast<std::int64_t>(params.size()), static_cast<std::int64_t>(hash >> 1)},
+        torch::kLong);
+    std::vector<std::vector<at::Tensor>> all(1);
+    for (int i = 0; i < s.env.world_size; ++i) all[0].push_back(at::empty_like(mine));
+    std::vector<at::Tensor> in{mine};
+    s.group->allgather(all, in)->wait();
+    prints = all[0];
+  } catch (...) {
+    fail("comparing the ranks' parameters", std::current_exception());
+  }
+  for (int r = 0; r < s.env.world_size; ++r) {
+    if (!torch::equal(prints[static_cast<std::size_t>(r)], prints[0])) {
+      throw Error("loom::Ddp: the ranks' models differ: rank " + std::to_string(r) + "'s " +
+                  std::to_string(prints[static_cast<std::size_t>(r)][0].item<std::int64_t>()) +
+                  " parameters do not have rank 0's shapes (every rank must build the same "
+                  "model); this rank's (" +
+                  std::to_string(s.env.rank) + ") shapes: " + shapes);
+    }
+  }
+  try {
+    c10d::verify_params_across_processes(s.group, params, std::nullopt);
+  } catch (...) {
+    auto error = std::current_exception();
+    if (is_communication_error(error)) fail("checking the parameters across ranks", error);
+    throw Error(
+        "loom::Ddp: the ranks' models differ (their parameters must have the same "
+        "count, shapes and strides on every rank): " +
+        message_of(error));
+  }
+  try {
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> states;
+    for (const auto& p : module.parameters(true)) states.push_back(p.detach());
+    if (s.options.broadcast_buffers) {
+      for (const auto& b : module.buffers(true)) states.push_back(b.detach());
+    }
+    c10d::broadcast_coalesced(s.group, states, broadcast_bucket_bytes, 0);
+  } catch (...) {
+    fail("broadcasting rank 0's parameters and buffers", std::current_exception());
+  }
+
+  // The reducer, as Python builds it: one bucket for the first iteration unless unused
+  // parameters are searched for, then rebuilt in gradient-ready order.
+  const std::int64_t cap =
+      s.options.bucket_cap_mb
+          ? static_cast<std::int64_t>(*s.options.bucket_cap_mb * static_cast<double>(1 << 20))
+          : default_bucket_bytes;
+  const std::int64_t first_cap = s.options.bucket_cap_mb ? cap : default_first_bucket_bytes;
+  std::vector<std::size_t> limits =
+      s.options.find_unused_parameters
+          ? std::vector<std::size_t>{static_cast<std::size_t>(first_cap),
+                                     static_cast<std::size_t>(cap)}
+          : std::vector<std::size_t>{
+                static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max())};
+  std::vector<bool> sparse(params.size(), false);
+  auto buckets = std::get<0>(c10d::compute_bucket_assignment_by_size(params, limits, sparse));
+  std::reverse(buckets.begin(), buckets.end());
+  s.reducer = std::make_shared<c10d::Reducer>(
+      params, std::move(buckets), s.group, std::move(sparse), cap, s.options.find_unused_parameters,
+      s.options.gradient_as_bucket_view, std::move(names), first_cap,
+      /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
+      std::vector<std::int64_t>{});
+  // Always a logger: the reducer dereferences it when the set of unused parameters changes.
+  s.logger = std::make_shared<c10d::Logger>(s.reducer);
+  s.reducer->set_logger(s.logger);
+}
+
+void Ddp::pre_forward() {
+  auto& s = *state_;
+  if (!s.module) {
+    throw Error(
+        "loom::Ddp: forward before setup; call rt.setup(model) first (it connects the "
+        "process group and broadcasts rank 0's weights)");
+  }
+  if (s.torn_down) throw Error("loom::Ddp: forward after teardown(); the group is shut down");
+  if (!s.reducer) return;
+  try {
+    if (at::GradMode::is_enabled()) {
+      if (s.sync) s.reducer->prepare_for_forward();
+      s.reducer->rebuild_buckets();  // a collective in the second iteration, then nothing
+    }
+    if (s.options.broadcast_buffers && s.forward_param_sync) {
+      auto buffers = s.module->buffers(true);
+      if (!buffers.empty()) {
+        at::NoGradGuard no_grad;
+        std::vector<at::Tensor> detached;
+        for (auto& b : buffers) detached.push_back(b.detach());
+        c10d::broadcast_coalesced(s.group, detached, broadcast_bucket_bytes, 0);
+      }
+    }
+  } catch (...) {
+    fail("the reducer's work before forward", std::current_exception());
+  }
+}
+
+void Ddp::prepare_backward(const at::Tensor& loss) {
+  auto& s = *state_;
+  if (!s.reducer || !at::GradMode::is_enabled()) return;
+  if (!s.sync) {
+    s.forward_param_sync = false;
+    return;
+  }
+  s.forward_param_sync = true;
+  try {
+    s.reducer->prepare_for_backward(s.options.find_unused_parameters ? std::vector<at::Tensor>{loss}
+                                                                     : std::vector<at::Tensor>{});
+  } catch (...) {
+    fail("preparing the backward pass", std::current_exception());
+  }
+}
+
+NoSyncGuard Ddp::no_sync() { return NoSyncGuard(state_.get()); }
+
+namespace {
+void require_group(const detail::DdpState& s, std::string_view what) {
+  if (!s.group && !s.env.single_process) {
+    throw Error("loom::Ddp::" + std::string(what) +
+                ": call rt.setup(model) first; it connects the process group for the device's "
+                "backend");
+  }
+  if (s.failed) throw Error("loom::Ddp: a collective failed earlier; the group is gone");
+}
+}  // namespace
+
+void Ddp::barrier() {
+  auto& s = *state_;
+  require_group(s, "barrier");
+  if (!s.group) return;
+  try {
+    c10d::BarrierOptions o;
+    if (s.device_type == c10::kCUDA && s.backend == "nccl") {
+      o.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(s.env.local_rank));
+    }
+    s.group->barrier(o)->wait();
+  } catch (...) {
+    fail("a barrier", std::current_exception());
+  }
+}
+
+void Ddp::all_reduce(at::Tensor& t, ReduceOp op) {
+  auto& s = *state_;
+  require_group(s, "all_reduce");
+  if (op == ReduceOp::Mean && !at::isFloatingType(t.scalar_type())) {
+    throw Error("loom::Ddp::all_reduce: ReduceOp::Mean needs a floating tensor, not " +
+                std::string(c10::toString(t.scalar_type())));
+  }
+  if (!s.group) return;
+  if (!t.is_contiguous()) {
+    throw Error(
+        "loom::Ddp::all_reduce: the tensor must be contiguous (reduce into a "
+        ".contiguous() copy)");
+  }
+  try {
+    std::vector<at::Tensor> tensors{t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_c10d(op);
+    s.group->allreduce(tensors, o)->wait();
+  } catch (...) {
+    fail("all_reduce", std::current_exception());
+  }
+  if (op == ReduceOp::Mean) t.div_(s.env.world_size);
+}
+
+void Ddp::broadcast(at::Tensor& t, int src) {
+  auto& s = *state_;
+  require_group(s, "broadcast");
+  if (src < 0 || src >= s.env.world_size) {
+    throw Error("loom::Ddp::broadcast: source rank " + std::to_string(src) + " is not in [0, " +
+                std::to_string(s.env.world_size - 1) + "]");
+  }
+  if (!s.group) return;
+  if (!t.is_contiguous()) throw Error("loom::Ddp::broadcast: the tensor must be contiguous");
+  try {
+    std::vector<at::Tensor> tensors{t};
+    c10d::BroadcastOptions o;
+    o.rootRank = src;
+    s.group->broadcast(tensors, o)->wait();
+  } catch (...) {
+    fail("broadcast", std::current_exception());
+  }
+}
+
+std::vector<at::Tensor> Ddp::all_gather(const at::Tensor& t) {
+  auto& s = *state_;
+  require_group(s, "all_gather");
+  if (!s.group) return {t.clone()};
+  auto input = t.contiguous();
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int i = 0; i < s.env.world_size; ++i) out[0].push_back(at::empty_like(input));
+  try {
+    std::vector<at::Tensor> in{input};
+    s.group->allgather(out, in)->wait();
+  } catch (...) {
+    fail("all_gather", std::current_exception());
+  }
+  return out[0];
+}
+
+void Ddp::load_state_dict(const StateDict& state) {
+  if (!state.empty()) {
+    throw Error("loom: the ddp strategy has no state, but the state dict holds the key '" +
+                state.begin()->first + "'");
+  }
+}
+
+void Ddp::teardown() {
+  auto& s = *state_;
+  if (s.torn_down || s.failed) return;
+  if (s.group) {
+    barrier();  // no rank leaves while another still reads from it
+    try {
+      s.group->shutdown();
+    } catch (...) {
+      fail("shutting the process group down", std::current_exception());
+    }
+  }
+  s.torn_down = true;
+  s.release();
+}
+
+}  // namespace loom::dist

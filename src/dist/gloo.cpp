@@ -1,0 +1,16 @@
+// The one translation unit that includes ProcessGroupGloo.hpp. Its gloo headers come from the
+// build machine's gloo package (headers only): the gloo code itself is the copy inside
+// libtorch_cpu, which exports it.
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include "backends.hpp"
+
+namespace loom::dist::detail {
+
+c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                            int world_size, std::chrono::milliseconds timeout) {
+  auto options = c10d::ProcessGroupGloo::Options::create_default(timeout);
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
+}
+
+}  // namespace loom::dist::detail

@@ -1,0 +1,404 @@
+// One rank of loom's multi-process tests (tests/dist/run_dist.py starts them, with torchrun or
+// by hand, on free ports, and checks what each rank prints and how it exits).
+//
+//   loom_dist_worker <mode> [key=value ...]
+//
+// Modes: train, collectives, no_sync, scaler, fault, shapes, unused, parity, cuda (a GPU:
+// backend=nccl|gloo, gpu=<index>). Every rank prints
+// "rank R/W: ..." lines; a loom::Error ends the rank with exit code 3 after printing
+// "rank R/W: loom::Error: <what>".
+#include <unistd.h>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+
+#include <loom/dist/ddp.hpp>
+#include <loom/dist/rank_zero.hpp>
+#include <loom/loom.hpp>
+
+namespace {
+
+std::map<std::string, std::string> args;
+
+std::string arg(const std::string& key, const std::string& fallback) {
+  auto it = args.find(key);
+  return it == args.end() ? fallback : it->second;
+}
+int iarg(const std::string& key, int fallback) {
+  return std::stoi(arg(key, std::to_string(fallback)));
+}
+
+std::string tag;  // "rank R/W"
+
+void say(const std::string& line) { std::cout << tag << ": " << line << std::endl; }
+
+torch::nn::Sequential mlp(int in, int hidden, int out) {
+  return torch::nn::Sequential(torch::nn::Linear(in, hidden), torch::nn::Tanh(),
+                               torch::nn::Linear(hidden, out));
+}
+
+torch::Tensor flat_params(torch::nn::Module& m) {
+  std::vector<torch::Tensor> parts;
+  for (auto& p : m.parameters()) parts.push_back(p.detach().reshape(-1).to(torch::kFloat));
+  return torch::cat(parts);
+}
+
+/// Every rank's copy of `t` equals rank 0's, bit for bit.
+template <class S>
+bool same_on_all_ranks(S& strategy, const torch::Tensor& t) {
+  auto all = strategy.all_gather(t);
+  for (auto& other : all) {
+    if (!torch::equal(other, all[0])) return false;
+  }
+  return true;
+}
+
+template <class R>
+void train_steps(R& rt, torch::nn::Sequential& model, torch::optim::Optimizer& opt, int steps,
+                 int stop_at, const std::string& fault) {
+  auto& s = rt.strategy();
+  for (int step = 0; step < steps; ++step) {
+    if (step == stop_at && s.rank() == 1) {
+      say("raising " + fault);
+      std::raise(fault == "kill" ? SIGKILL : SIGSTOP);
+    }
+    torch::manual_seed(1000 * step + s.rank());  // each rank its own batch
+    auto x = torch::randn({16, 8});
+    auto y = torch::randint(0, 4, {16}, torch::kLong);
+    auto out = rt.forward(model, x);
+    auto loss = torch::nn::functional::cross_entropy(out, y);
+    opt.zero_grad();
+    rt.backward(loss, model);
+    rt.optimizer_step(opt);
+  }
+}
+
+int run_train() {
+  using R = loom::Runtime<loom::Cpu, loom::Fp32, loom::Ddp>;
+  loom::DdpOptions o;
+  o.timeout = std::chrono::milliseconds(iarg("timeout_ms", 60000));
+  R rt(loom::Cpu{}, loom::Fp32{}, loom::Ddp(o));
+  auto& s = rt.strategy();
+  torch::manual_seed(s.rank() + 1);  // different initial weights on every rank
+  auto model = mlp(8, iarg("hidden", 16), 4);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  rt.setup(model, opt);
+  say(std::string("setup: params from rank 0 ") +
+      (same_on_all_ranks(s, flat_params(*model)) ? "equal" : "DIFFER"));
+  const int steps = iarg("steps", 4);
+  train_steps(rt, model, opt, steps, iarg("stop_at", -1), arg("fault", "kill"));
+  // Gradients of the last step are averaged: equal everywhere.
+  std::vector<torch::Tensor> grads;
+  for (auto& p : model->parameters()) grads.push_back(p.grad().reshape(-1));
+  say(std::string("grads ") + (same_on_all_ranks(s, torch::cat(grads)) ? "equal" : "DIFFER") +
+      ", params " + (same_on_all_ranks(s, flat_params(*model)) ? "equal" : "DIFFER") + " after " +
+      std::to_string(steps) + " steps");
+  rt.teardown();
+  say("done");
+  return 0;
+}
+
+int run_collectives() {
+  loom::Runtime<loom::Cpu, loom::Fp32, loom::Ddp> rt;
+  auto model = mlp(2, 2, 2);
+  rt.setup(model);
+  auto& s = rt.strategy();
+  const float r = static_cast<float>(s.rank()), w = static_cast<float>(s.world_size());
+  auto t = torch::tensor({r, -r});
+  s.all_reduce(t, loom::dist::ReduceOp::Sum);
+  const float sum = w * (w - 1) / 2;
+  bool ok = torch::equal(t, torch::tensor({sum, -sum}));
+  t = torch::tensor({r});
+  s.all_reduce(t, loom::dist::ReduceOp::Mean);
+  ok = ok && t.item<float>() == sum / w;
+  t = torch::tensor({r});
+  s.all_reduce(t, loom::dist::ReduceOp::Max);
+  ok = ok && t.item<float>() == w - 1;
+  t = torch::tensor({r});
+  s.all_reduce(t, loom::dist::ReduceOp::Min);
+  ok = ok && t.item<float>() == 0;
+  t = torch::tensor({r * 10});
+  s.broadcast(t, s.world_size() - 1);
+  ok = ok && t.item<float>() == (w - 1) * 10;
+  auto all = s.all_gather(torch::tensor({r, r}));
+  ok = ok && static_cast<int>(all.size()) == s.world_size();
+  for (int i = 0; i < s.world_size(); ++i) {
+    ok = ok && torch::equal(all[i], torch::tensor({float(i), float(i)}));
+  }
+  s.barrier();
+  say(std::string("collectives ") + (ok ? "ok" : "WRONG"));
+  loom::dist::rank_zero_print(s, "rank-zero line");
+  rt.teardown();
+  return ok ? 0 : 1;
+}
+
+/// Two half batches under no_sync, then a synchronized one: the same gradients as one
+/// synchronized step over the accumulated batch.
+int run_no_sync() {
+  auto make = [] {
+    torch::manual_seed(7);
+    return mlp(8, 16, 4);
+  };
+  loom::Runtime<loom::Cpu, loom::Fp64, loom::Ddp> rt;
+  auto model = make();
+  rt.setup(model);
+  auto& s = rt.strategy();
+  torch::manual_seed(100 + s.rank());
+  auto x = torch::randn({8, 8}, torch::kDouble), y = torch::randint(0, 4, {8}, torch::kLong);
+  auto loss_of = [&](torch::nn::Sequential& m, const torch::Tensor& xs, const torch::Tensor& ys) {
+    return torch::nn::functional::cross_entropy(rt.forward(m, xs), ys);
+  };
+  {
+    auto guard = s.no_sync();
+    rt.backward(loss_of(model, x.slice(0, 0, 4), y.slice(0, 0, 4)), model);
+  }
+  auto local_first = model->parameters()[0].grad().clone();
+  rt.backward(loss_of(model, x.slice(0, 4, 8), y.slice(0, 4, 8)), model);
+  auto accumulated = flat_params(*model).clone();  // unchanged: no step yet
+  std::vector<torch::Tensor> g1;
+  for (auto& p : model->parameters()) g1.push_back(p.grad().reshape(-1).clone());
+  // Reference: each rank's local gradient of both halves, summed, averaged by all_reduce.
+  loom::Runtime<loom::Cpu, loom::Fp64> local;
+  auto ref = make();
+  local.setup(ref);
+  local.backward(loss_of(ref, x.slice(0, 0, 4), y.slice(0, 0, 4)), ref);
+  bool first_local = torch::equal(local_first, ref->parameters()[0].grad());
+  local.backward(loss_of(ref, x.slice(0, 4, 8), y.slice(0, 4, 8)), ref);
+  std::vector<torch::Tensor> g2;
+  for (auto& p : ref->parameters()) g2.push_back(p.grad().reshape(-1).clone());
+  auto expected = torch::cat(g2);
+  s.all_reduce(expected, loom::dist::ReduceOp::Mean);
+  auto got = torch::cat(g1);
+  const double diff = (got - expected).abs().max().item<double>();
+  say("no_sync: first backward local " + std::string(first_local ? "yes" : "NO") +
+      ", accumulated grads max|diff| " + std::to_string(diff));
+  rt.teardown();
+  return first_local && diff < 1e-12 ? 0 : 1;
+}
+
+/// 16-mixed under DDP: a non-finite loss on one rank makes every rank skip the step, and the
+/// scaler's state is the same on every rank after every step.
+int run_scaler() {
+  loom::Runtime<loom::Cpu, loom::Fp16Mixed, loom::Ddp> rt;
+  torch::manual_seed(3);
+  auto model = mlp(8, 16, 4);
+  torch::optim::SGD opt(model->parameters(), 0.01);
+  rt.setup(model, opt);
+  auto& s = rt.strategy();
+  const int steps = 8, poison = 3;
+  bool same = true, skipped_together = true;
+  for (int step = 0; step < steps; ++step) {
+    torch::manual_seed(50 * step + s.rank());
+    auto x = torch::randn({8, 8});
+    if (step == poison && s.rank() == 1) x[0][0] = std::numeric_limits<float>::infinity();
+    auto y = torch::randint(0, 4, {8}, torch::kLong);
+    opt.zero_grad();
+    rt.backward(torch::nn::functional::cross_entropy(rt.forward(model, x), y), model);
+    const bool applied = rt.optimizer_step(opt);
+    auto flag = torch::tensor({applied ? 1.0f : 0.0f});
+    auto flags = s.all_gather(flag);
+    for (auto& f : flags) skipped_together = skipped_together && torch::equal(f, flag);
+    if (step == poison && applied) skipped_together = false;
+    auto state = rt.precision().state_dict();
+    auto scale = torch::tensor(
+        {state.at("scale").toDouble(), static_cast<double>(state.at("_growth_tracker").toInt())},
+        torch::kDouble);
+    same = same && same_on_all_ranks(s, scale);
+  }
+  say(std::string("scaler: skipped together ") + (skipped_together ? "yes" : "NO") +
+      ", state equal " + (same ? "yes" : "NO") + ", scale " + std::to_string(rt.loss_scale()));
+  same = same && same_on_all_ranks(s, flat_params(*model));
+  rt.teardown();
+  return same && skipped_together ? 0 : 1;
+}
+
+int run_shapes() {
+  loom::Runtime<loom::Cpu, loom::Fp32, loom::Ddp> rt;
+  auto& s = rt.strategy();
+  auto model = mlp(8, s.rank() == 0 ? 16 : 17, 4);
+  rt.setup(model);
+  return 0;
+}
+
+int run_unused() {
+  loom::DdpOptions o;
+  o.find_unused_parameters = arg("find_unused", "0") == "1";
+  o.timeout = std::chrono::milliseconds(20000);
+  loom::Runtime<loom::Cpu, loom::Fp32, loom::Ddp> rt(loom::Cpu{}, loom::Fp32{}, loom::Ddp(o));
+  torch::manual_seed(5);
+  auto model = mlp(8, 16, 4);
+  model->push_back(torch::nn::Linear(4, 4));  // its parameters never reach the loss
+  torch::optim::SGD opt(model->parameters(), 0.01);
+  rt.setup(model, opt);
+  auto& s = rt.strategy();
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({4, 8});
+    auto y = torch::randint(0, 4, {4}, torch::kLong);
+    auto out = rt.forward(
+        [&](const torch::Tensor& in) {
+          return model[2]->as<torch::nn::Linear>()->forward(
+              model[1]->as<torch::nn::Tanh>()->forward(
+                  model[0]->as<torch::nn::Linear>()->forward(in)));
+        },
+        x);
+    opt.zero_grad();
+    rt.backward(torch::nn::functional::cross_entropy(out, y), model);
+    rt.optimizer_step(opt);
+  }
+  say(std::string("unused: trained, params ") +
+      (same_on_all_ranks(s, flat_params(*model)) ? "equal" : "DIFFER"));
+  rt.teardown();
+  return 0;
+}
+
+/// Training on a CUDA device: NCCL (one rank per GPU) or gloo on CUDA tensors (several ranks
+/// may share a GPU).
+int run_cuda() {
+  loom::DdpOptions o;
+  o.backend = arg("backend", "nccl");
+  o.timeout = std::chrono::milliseconds(iarg("timeout_ms", 120000));
+  using R = loom::Runtime<loom::Cuda, loom::Fp32, loom::Ddp>;
+  R rt(loom::Cuda(static_cast<c10::DeviceIndex>(iarg("gpu", 0))), loom::Fp32{}, loom::Ddp(o));
+  auto& s = rt.strategy();
+  torch::manual_seed(s.rank() + 1);
+  auto model = mlp(8, 64, 4);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  rt.setup(model, opt);
+  const bool start_equal = same_on_all_ranks(s, flat_params(*model));
+  for (int step = 0; step < 5; ++step) {
+    torch::manual_seed(1000 * step + s.rank());
+    auto x = rt.to_device(torch::randn({16, 8}));
+    auto y = rt.to_device(torch::randint(0, 4, {16}, torch::kLong));
+    opt.zero_grad();
+    rt.backward(torch::nn::functional::cross_entropy(rt.forward(model, x), y), model);
+    rt.optimizer_step(opt);
+  }
+  auto t = torch::ones({3}, torch::TensorOptions().device(rt.device().device()));
+  s.all_reduce(t, loom::dist::ReduceOp::Sum);
+  const bool sum_ok = t.sum().item<float>() == 3.0f * static_cast<float>(s.world_size());
+  const bool end_equal = same_on_all_ranks(s, flat_params(*model));
+  say("cuda " + std::string(s.backend()) + ": params on " + model->parameters()[0].device().str() +
+      ", equal at setup " + (start_equal ? "yes" : "NO") + ", after 5 steps " +
+      (end_equal ? "yes" : "NO") + ", all_reduce " + (sum_ok ? "ok" : "WRONG"));
+  rt.teardown();
+  return start_equal && end_equal && sum_ok ? 0 : 1;
+}
+
+/// Reads `n` values of T from a raw little-endian file.
+template <class T>
+std::vector<T> read_raw(const std::string& path, std::size_t n) {
+  std::vector<T> v(n);
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(T)));
+  if (!in) throw loom::Error("worker: cannot read " + std::to_string(n) + " values from " + path);
+  return v;
+}
+
+/// The loom side of the parity test with Python's DistributedDataParallel
+/// (tests/dist/ddp_parity.py writes the inputs and runs the Python side).
+template <class P>
+int run_parity_with() {
+  const std::string dir = arg("dir", ".");
+  const int n = iarg("samples", 0), epochs = iarg("epochs", 2), batch = iarg("batch", 8);
+  loom::Runtime<loom::Cpu, P, loom::Ddp> rt;
+  auto& s = rt.strategy();
+  auto model = mlp(8, 16, 4);
+  {
+    torch::NoGradGuard g;
+    auto init = read_raw<float>(dir + "/init.bin", 8 * 16 + 16 + 16 * 4 + 4);
+    std::size_t at = 0;
+    for (auto& p : model->parameters()) {
+      auto numel = static_cast<std::size_t>(p.numel());
+      p.copy_(torch::from_blob(init.data() + at, p.sizes(), torch::kFloat));
+      at += numel;
+    }
+  }
+  auto xs = read_raw<float>(dir + "/x.bin", static_cast<std::size_t>(n) * 8);
+  auto ys = read_raw<std::int64_t>(dir + "/y.bin", static_cast<std::size_t>(n));
+  auto X = torch::from_blob(xs.data(), {n, 8}, torch::kFloat).clone();
+  auto Y = torch::from_blob(ys.data(), {n}, torch::kLong).clone();
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  rt.setup(model, opt);
+  loom::DistributedSampler sampler(static_cast<std::size_t>(n), s, /*shuffle=*/true, /*seed=*/0);
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+    sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+    sampler.reset();
+    while (auto idx = sampler.next(static_cast<std::size_t>(batch))) {
+      std::vector<std::int64_t> i64(idx->begin(), idx->end());
+      auto index = torch::tensor(i64, torch::kLong);
+      auto out = rt.forward(model, X.index_select(0, index));
+      auto loss = torch::nn::functional::cross_entropy(out, Y.index_select(0, index));
+      opt.zero_grad();
+      rt.backward(loss, model);
+      rt.optimizer_step(opt);
+    }
+  }
+  auto flat = flat_params(*model).contiguous();
+  std::ofstream out(dir + "/loom_rank" + std::to_string(s.rank()) + ".bin", std::ios::binary);
+  out.write(reinterpret_cast<const char*>(flat.data_ptr<float>()),
+            static_cast<std::streamsize>(flat.numel() * 4));
+  say("parity: wrote " + std::to_string(flat.numel()) + " parameters");
+  rt.teardown();
+  return 0;
+}
+
+int run_parity() {
+  const auto p = arg("precision", "32-true");
+  if (p == "32-true") return run_parity_with<loom::Fp32>();
+  if (p == "bf16-mixed") return run_parity_with<loom::Bf16Mixed>();
+  throw loom::Error("worker: parity runs 32-true or bf16-mixed, not " + p);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << "usage: loom_dist_worker <mode> [key=value ...]\n";
+    return 2;
+  }
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    auto eq = a.find('=');
+    if (eq != std::string::npos) args[a.substr(0, eq)] = a.substr(eq + 1);
+  }
+  const char* rank = std::getenv("RANK");
+  const char* world = std::getenv("WORLD_SIZE");
+  tag = std::string("rank ") + (rank ? rank : "0") + "/" + (world ? world : "1");
+  const std::string mode = argv[1];
+  try {
+    if (mode == "train" || mode == "fault") return run_train();
+    if (mode == "collectives") return run_collectives();
+    if (mode == "no_sync") return run_no_sync();
+    if (mode == "scaler") return run_scaler();
+    if (mode == "shapes") return run_shapes();
+    if (mode == "unused") return run_unused();
+    if (mode == "parity") return run_parity();
+    if (mode == "cuda") return run_cuda();
+    if (mode == "env") {
+      loom::Ddp ddp;
+      say("env ok");
+      return 0;
+    }
+  } catch (const loom::Error& e) {
+    say(std::string("loom::Error: ") + e.what());
+    return 3;
+  } catch (const std::exception& e) {
+    say(std::string("other exception: ") + e.what());
+    return 4;
+  }
+  std::cerr << "loom_dist_worker: unknown mode " << mode << "\n";
+  return 2;
+}
