@@ -74,6 +74,7 @@ log "hooks: Google Benchmark"
 "$bin/overhead/loom_bench_hook_dispatch" --benchmark_repetitions=3 \
   --benchmark_report_aggregates_only=true --benchmark_out="$raw/hook_dispatch.json" \
   --benchmark_out_format=json >&2
+sed -i "s|$LOOM_ROOT/||g" "$raw/hook_dispatch.json"  # argv[0]: no machine paths in docs/
 
 # 3. loom vs Lightning Fabric.
 if [ "$fabric" = 1 ]; then

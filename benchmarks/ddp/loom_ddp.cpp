@@ -108,8 +108,8 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
   torch::manual_seed(0);
   try {
-    double secs = o.precision == "32-true" ? run<loom::Fp32>(o, sizes)
-                                           : run<loom::Bf16Mixed>(o, sizes);
+    double secs =
+        o.precision == "32-true" ? run<loom::Fp32>(o, sizes) : run<loom::Bf16Mixed>(o, sizes);
     if (loom::dist::read_environment().rank == 0) {
       std::printf("{\"mode\": \"%s\", \"steps_per_s\": %.3f, \"ms_per_step\": %.4f}\n",
                   o.mode.c_str(), o.steps / secs, 1000.0 * secs / o.steps);

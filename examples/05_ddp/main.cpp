@@ -96,8 +96,7 @@ double train_and_evaluate(RT& rt, const Options& o) {
     model->train();
     for (auto& batch : rt.dataloader(*loader)) {
       if (step == o.max_steps) break;
-      auto loss = torch::nn::functional::cross_entropy(rt.forward(model, batch.data),
-                                                       batch.target);
+      auto loss = torch::nn::functional::cross_entropy(rt.forward(model, batch.data), batch.target);
       double l = rt.backward(loss, model).template item<double>();
       rt.optimizer_step(opt);  // the gradients were averaged over the ranks in backward
       opt.zero_grad();
