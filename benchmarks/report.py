@@ -306,7 +306,7 @@ def main():
     w("build-bench/benchmarks/overhead/loom_bench_overhead --mode wall --rounds 21 --block 40 --warmup 20")
     w("build-bench/benchmarks/overhead/loom_bench_hook_dispatch --benchmark_repetitions=3")
     w("$LOOM_VENV/bin/python benchmarks/fabric/fabric_vs_loom.py --loom-bin build-bench/benchmarks/fabric/loom_fabric_train --out docs/benchmarks/fabric_vs_loom.json --threads 2 --reps 3")
-    w("python3 benchmarks/compile_time/measure.py --root . --torch-include $TORCH/include --out docs/benchmarks/compile_time.json --reps 3")
+    w("python3 benchmarks/compile_time/measure.py --root . --torch-include $TORCH/include --out docs/benchmarks/compile_time.json --reps 7")
     w("$LOOM_VENV/bin/python benchmarks/ddp/ddp_vs_python.py --bench build-bench/benchmarks/ddp/loom_bench_ddp --out docs/benchmarks/ddp_vs_python.json --reps 3")
     w("build-bench/benchmarks/precision/loom_bench_conv_cpu --rounds 5 --seconds 1   # part 5, by hand")
     w("```")

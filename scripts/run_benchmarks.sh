@@ -15,7 +15,7 @@
 #                   $LOOM_VENV/bin/python -m pip install lightning
 #                 Without it, and without lightning already installed, this part is skipped.
 #   4. compile    g++ -std=c++20 -O2 -c of Runtime for every device x precision pair vs the same
-#                 steps by hand, best of 3
+#                 steps by hand, best of 7 (compile times vary 10-30% run to run on 2 cores)
 #   6. ddp        loom::Ddp vs Python DDP: 2 ranks, gloo, CPU, one thread each; tiny, medium,
 #                 large MLP; plus the all-reduce overlap (benchmarks/ddp/)
 #   report        docs/benchmarks.md and the plot (installs matplotlib into the venv if missing);
@@ -94,11 +94,11 @@ fi
 
 # 4. Compile time.
 if [ "$compile" = 1 ]; then
-  log "compile time: best of 3"
+  log "compile time: best of 7"
   echo "compile-time run: $(uptime)" >>"$raw/load.txt"
   torch_inc=$("$py" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "include"))')
   python3 "$LOOM_ROOT/benchmarks/compile_time/measure.py" --root "$LOOM_ROOT" \
-    --torch-include "$torch_inc" --out "$raw/compile_time.json" --reps 3 --cxx "${CXX:-g++}"
+    --torch-include "$torch_inc" --out "$raw/compile_time.json" --reps 7 --cxx "${CXX:-g++}"
 fi
 # 6. loom::Ddp against Python DDP: 2 ranks, gloo, one thread each.
 if [ "$ddp" = 1 ]; then
