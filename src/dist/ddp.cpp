@@ -27,6 +27,7 @@
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include <loom/detail/env.hpp>
+#include <loom/detail/refuse_state.hpp>
 #include <loom/error.hpp>
 
 #include "backends.hpp"
@@ -542,10 +543,7 @@ std::vector<at::Tensor> Ddp::all_gather(const at::Tensor& t) {
 }
 
 void Ddp::load_state_dict(const StateDict& state) {
-  if (!state.empty()) {
-    throw Error("loom: the ddp strategy has no state, but the state dict holds the key '" +
-                state.begin()->first + "'");
-  }
+  loom::detail::refuse_state(strategy(), "strategy", state);
 }
 
 void Ddp::teardown() {

@@ -1,6 +1,4 @@
 #pragma once
-#include <string>
-#include <string_view>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -8,8 +6,6 @@
 #include <torch/optim/optimizer.h>
 
 #include <loom/concepts/precision_policy.hpp>
-#include <loom/error.hpp>
-#include <loom/state_dict.hpp>
 
 // The bodies of precision::Defaults<Self> that do not depend on Self, as plain inline
 // functions: compiled once per translation unit instead of once per precision policy.
@@ -33,14 +29,6 @@ inline double clip_params(const std::vector<at::Tensor>& params, double value,
   }
   return torch::nn::utils::clip_grad_norm_(params, value, norm_type,
                                            /*error_if_nonfinite=*/false);
-}
-
-/// Throws unless `state` is empty: the precision `name` keeps no state.
-inline void refuse_state(std::string_view name, const StateDict& state) {
-  if (!state.empty()) {
-    throw Error("loom: the " + std::string(name) + " precision has no state, but the state " +
-                "dict holds the key '" + state.begin()->first + "'");
-  }
 }
 
 }  // namespace loom::detail

@@ -7,6 +7,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <loom/detail/refuse_state.hpp>
 #include <loom/device/loader.hpp>
 #include <loom/device/optimizer_state.hpp>
 #include <loom/device/prefetch.hpp>
@@ -75,10 +76,7 @@ struct Defaults {
 
   /// Accepts only an empty state: a device without state cannot load one.
   void load_state_dict(const StateDict& state) {
-    if (!state.empty()) {
-      throw Error("loom: the " + std::string(Self::name()) + " device has no state, but the " +
-                  "state dict holds the key '" + state.begin()->first + "'");
-    }
+    loom::detail::refuse_state(Self::name(), "device", state);
   }
 
   /// Releases what the device holds at the end of training: nothing here.

@@ -7,6 +7,7 @@
 #include <c10/core/Device.h>
 
 #include <loom/concepts/strategy.hpp>
+#include <loom/detail/refuse_state.hpp>
 #include <loom/error.hpp>
 #include <loom/guards.hpp>
 #include <loom/state_dict.hpp>
@@ -58,10 +59,7 @@ struct Defaults {
 
   StateDict state_dict() const { return {}; }
   void load_state_dict(const StateDict& state) {
-    if (!state.empty()) {
-      throw Error("loom: the " + std::string(Self::strategy()) + " strategy has no state, but " +
-                  "the state dict holds the key '" + state.begin()->first + "'");
-    }
+    loom::detail::refuse_state(Self::strategy(), "strategy", state);
   }
   void teardown() {}
 };

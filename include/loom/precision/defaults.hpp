@@ -8,6 +8,7 @@
 
 #include <loom/concepts/precision_policy.hpp>
 #include <loom/detail/precision_defaults.hpp>
+#include <loom/detail/refuse_state.hpp>
 #include <loom/guards.hpp>
 #include <loom/state_dict.hpp>
 
@@ -69,7 +70,9 @@ struct Defaults {
   double loss_scale() const { return 1.0; }
 
   StateDict state_dict() const { return {}; }
-  void load_state_dict(const StateDict& state) { detail::refuse_state(Self::precision(), state); }
+  void load_state_dict(const StateDict& state) {
+    detail::refuse_state(Self::precision(), "precision", state);
+  }
   void teardown() {}
 
  private:
