@@ -6,6 +6,30 @@
 #   it must compile: that twin is part of the normal build. An optional
 #   `// reject-error: <regex>` line names output that must not appear (a cascade of further
 #   errors after the one that explains the mistake). Files may include "support/...".
+#   The LOOM_FAIL builds run at test time, where the compiler cache cannot help (a failed
+#   compile is never cached): they reuse one precompiled header of the LibTorch headers that
+#   loom includes (target loom_cf_pch, part of the normal build), so each parses only loom.
+#   loom's own headers stay out of it: each test sees exactly what it includes.
+set(LOOM_CF_PCH_HEADERS
+  <ATen/core/Tensor.h> <ATen/core/ivalue.h> <ATen/Context.h> <ATen/autocast_mode.h>
+  <ATen/ops/full.h> <ATen/ops/_amp_update_scale.h>
+  <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h> <c10/core/Device.h>
+  <c10/core/DeviceType.h> <c10/core/ScalarType.h> <c10/core/GradMode.h>
+  <c10/core/TensorOptions.h> <c10/util/Exception.h> <c10/util/Half.h> <c10/util/BFloat16.h>
+  <torch/types.h> <torch/utils.h> <torch/nn/module.h> <torch/nn/utils/clip_grad.h>
+  <torch/optim/optimizer.h> <torch/optim/sgd.h> <torch/optim/adam.h> <torch/optim/adamw.h>
+  <torch/data/example.h> <torch/serialize/archive.h>)
+function(loom_compile_fail_pch)
+  if(TARGET loom_cf_pch)
+    return()
+  endif()
+  file(CONFIGURE OUTPUT "${CMAKE_CURRENT_BINARY_DIR}/loom_cf_pch.cpp" CONTENT "\n")
+  add_library(loom_cf_pch OBJECT "${CMAKE_CURRENT_BINARY_DIR}/loom_cf_pch.cpp")
+  target_link_libraries(loom_cf_pch PRIVATE loom::loom)
+  target_include_directories(loom_cf_pch PRIVATE "${PROJECT_SOURCE_DIR}/tests")
+  target_precompile_headers(loom_cf_pch PRIVATE ${LOOM_CF_PCH_HEADERS})
+endfunction()
+
 function(loom_add_compile_fail_test file)
   get_filename_component(name "${file}" NAME_WE)
   file(STRINGS "${file}" expect REGEX "^// expect-error: ")
@@ -25,6 +49,8 @@ function(loom_add_compile_fail_test file)
   target_link_libraries(loom_cf_${name} PRIVATE loom::loom)
   target_include_directories(loom_cf_${name} PRIVATE "${PROJECT_SOURCE_DIR}/tests")
   target_compile_definitions(loom_cf_${name} PRIVATE LOOM_FAIL)
+  loom_compile_fail_pch()
+  target_precompile_headers(loom_cf_${name} REUSE_FROM loom_cf_pch)
   add_test(NAME compile_fail.${name}
            COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target loom_cf_${name})
   set_tests_properties(compile_fail.${name} PROPERTIES
