@@ -4,6 +4,7 @@
 //
 //   loom_fabric_train --dir D --sizes 32,64,64,10 --batch 32 --batches 8 --precision 32-true
 //                     --steps 500 --warmup 20 --reps 3 --threads 2 [--device cpu|cuda]
+//                     [--optimizer libtorch-sgd|sgd|adam]  (LibTorch SGD, or loom::optim fused)
 //
 // Reads D/init_<i>.bin (f32, the i-th parameter in nn.Sequential order), D/x.bin
 // (batches, batch, in) f32 and D/y.bin (batches, batch) i64; writes D/loom_final_<i>.bin (f32).
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -34,6 +36,7 @@ namespace {
 
 struct Options {
   std::string dir, precision = "32-true", device = "cpu";
+  std::string optimizer = "libtorch-sgd";  // or loom's fused "sgd", "adam"
   std::vector<int64_t> sizes;
   int64_t batch = 32, batches = 8;
   int steps = 100, warmup = 10, reps = 3, threads = 2;
@@ -70,6 +73,23 @@ torch::nn::Sequential make_model(const Options& o) {
   return model;
 }
 
+// The optimizer of --optimizer: LibTorch's SGD (part 3 of docs/benchmarks.md), or loom's fused
+// SGD or Adam with the hyperparameters of the python side (optim_vs_fabric.py).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Options& o,
+                                                        std::vector<at::Tensor> params) {
+  if (o.optimizer == "libtorch-sgd") {
+    return std::make_unique<torch::optim::SGD>(params,
+                                               torch::optim::SGDOptions(0.01).momentum(0.9));
+  }
+  if (o.optimizer == "sgd") {
+    return std::make_unique<loom::optim::SGD>(params, loom::optim::SGDOptions(0.01).momentum(0.9));
+  }
+  if (o.optimizer == "adam") {
+    return std::make_unique<loom::optim::Adam>(params, loom::optim::AdamOptions(1e-3));
+  }
+  throw std::invalid_argument("--optimizer: libtorch-sgd, sgd or adam, not " + o.optimizer);
+}
+
 template <class Device, class P>
 std::vector<double> train(const Options& o, Device device, P policy) {
   const auto x_all = read_bin(o.dir + "/x.bin", {o.batches, o.batch, o.sizes.front()}, at::kFloat);
@@ -84,7 +104,8 @@ std::vector<double> train(const Options& o, Device device, P policy) {
   for (int rep = 0; rep < o.reps; ++rep) {
     loom::Runtime<Device, P> rt(device, policy);
     model = make_model(o);
-    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    auto opt_ptr = make_optimizer(o, model->parameters());
+    auto& opt = *opt_ptr;
     rt.setup(model, opt);
     auto step = [&](int i) {
       auto [x, y] = rt.to_device(std::make_tuple(xs[i % o.batches], ys[i % o.batches]));
@@ -123,6 +144,8 @@ int main(int argc, char** argv) {
         o.precision = v;
       else if (a == "--device")
         o.device = v;
+      else if (a == "--optimizer")
+        o.optimizer = v;
       else if (a == "--batch")
         o.batch = std::stoll(v);
       else if (a == "--batches")

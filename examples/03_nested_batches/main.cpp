@@ -138,7 +138,7 @@ int run(RT& rt) {
   // The same batches train: the loss reads the fp32 logits and the untouched int64 labels.
   auto loss = torch::nn::functional::cross_entropy(out.at("logits"), std::get<1>(pair));  // () f32
   double l = rt.backward(loss, net).template item<double>();
-  bool applied = rt.optimizer_step(opt);
+  bool applied = rt.optimizer_step(opt).applied();
   std::printf("one training step: loss %.4f, %s\n", l, applied ? "applied" : "skipped");
   return 0;
 }

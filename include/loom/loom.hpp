@@ -27,6 +27,9 @@
 #include <loom/error.hpp>
 #include <loom/guards.hpp>
 #include <loom/is_default.hpp>
+#include <loom/optim/adam.hpp>
+#include <loom/optim/fused.hpp>
+#include <loom/optim/sgd.hpp>
 #include <loom/precision/cast.hpp>
 #include <loom/precision/defaults.hpp>
 #include <loom/precision/fp32.hpp>

@@ -37,6 +37,7 @@
 #include <loom/dist/single_process.hpp>
 #include <loom/error.hpp>
 #include <loom/state_dict.hpp>
+#include <loom/step_result.hpp>
 
 namespace loom {
 
@@ -157,8 +158,10 @@ class Runtime {
     return precision_.post_backward(l, m);
   }
 
-  /// The precision's optimizer step; false when it was skipped (non-finite gradients).
-  bool optimizer_step(torch::optim::Optimizer& optimizer) {
+  /// The precision's optimizer step: whether it was applied (false: skipped, non-finite
+  /// gradients). Under 16-mixed with a loom::optim optimizer the answer stays on the device
+  /// until read (StepResult): the step itself makes no host sync.
+  StepResult optimizer_step(torch::optim::Optimizer& optimizer) {
     return precision_.optimizer_step(optimizer);
   }
 

@@ -207,7 +207,7 @@ int run_scaler() {
     auto y = torch::randint(0, 4, {8}, torch::kLong);
     opt.zero_grad();
     rt.backward(torch::nn::functional::cross_entropy(rt.forward(model, x), y), model);
-    const bool applied = rt.optimizer_step(opt);
+    const bool applied = rt.optimizer_step(opt).applied();
     auto flag = torch::tensor({applied ? 1.0f : 0.0f});
     auto flags = s.all_gather(flag);
     for (auto& f : flags) skipped_together = skipped_together && torch::equal(f, flag);

@@ -6,7 +6,11 @@ and what torch did after every step: whether the step was applied, the scale and
 tracker; then the final parameters and state_dict. Every number is written exactly
 (float.hex), so the C++ side can compare bitwise.
 
-Usage: python grad_scaler_parity.py OUTPUT_FILE
+With the second argument `adam-fused` the optimizer is torch.optim.Adam(fused=True) instead:
+torch's scaler then takes its fused branch (no host sync; the kernel unscales and skips), which
+loom::optim::Adam must follow bit for bit under loom's scaler.
+
+Usage: python grad_scaler_parity.py OUTPUT_FILE [sgd|adam-fused]
 """
 
 import os
@@ -20,6 +24,7 @@ GROWTH_FACTOR = 3.0
 BACKOFF_FACTOR = 0.4
 GROWTH_INTERVAL = 3
 LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 1e-4
+ADAM_LR = 0.01
 
 # (name, shape, dtype): two f32 tensors and one f64, so unscale_ sees two dtype groups.
 PARAMS = [("w", (4, 3), torch.float32), ("b", (3,), torch.float32), ("d", (2,), torch.float64)]
@@ -48,6 +53,9 @@ def dtype_name(dtype):
 
 def main():
     out_path = sys.argv[1]
+    optimizer = sys.argv[2] if len(sys.argv) > 2 else "sgd"
+    if optimizer not in ("sgd", "adam-fused"):
+        raise SystemExit(f"grad_scaler_parity: unknown optimizer {optimizer}")
     gen = torch.Generator().manual_seed(20240917)
     params = [
         torch.randn(shape, generator=gen, dtype=dtype).requires_grad_()
@@ -57,15 +65,19 @@ def main():
         "loom-grad-scaler-parity 1",
         f"options {float.hex(INIT_SCALE)} {float.hex(GROWTH_FACTOR)} "
         f"{float.hex(BACKOFF_FACTOR)} {GROWTH_INTERVAL}",
-        f"sgd {float.hex(LR)} {float.hex(MOMENTUM)} {float.hex(WEIGHT_DECAY)}",
+        (f"sgd {float.hex(LR)} {float.hex(MOMENTUM)} {float.hex(WEIGHT_DECAY)}"
+         if optimizer == "sgd" else f"adam_fused {float.hex(ADAM_LR)}"),
         f"params {len(params)}",
     ]
     for p in params:
         lines.append(f"param {dtype_name(p.dtype)} {p.dim()} {' '.join(map(str, p.shape))} "
                      f"{values(p.detach())}")
 
-    opt = torch.optim.SGD(params, lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY,
-                          foreach=False)
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY,
+                              foreach=False)
+    else:
+        opt = torch.optim.Adam(params, lr=ADAM_LR, fused=True)
     scaler = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE, growth_factor=GROWTH_FACTOR,
                                   backoff_factor=BACKOFF_FACTOR, growth_interval=GROWTH_INTERVAL)
     lines.append(f"steps {STEPS}")
@@ -116,7 +128,7 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     with open(out_path, "w", encoding="ascii") as f:
         f.write("\n".join(lines) + "\n")
-    print(f"grad_scaler_parity: torch {torch.__version__}, {STEPS} steps, skipped {skipped}, "
+    print(f"grad_scaler_parity: torch {torch.__version__}, {optimizer}, {STEPS} steps, skipped {skipped}, "
           f"final scale {scaler.get_scale()}, tracker {scaler._get_growth_tracker()} -> {out_path}")
 
 

@@ -6,7 +6,9 @@
 //   scale(loss)   loss * scale                                  scale: f32 0-dim, lazily made
 //   unscale_(o)   grads *= 1/scale, found_inf per device        _amp_foreach_non_finite_check_
 //                                                               and_unscale_, per (device, dtype)
-//   step(o)       o.step() only if no inf/nan was found         one host sync (found_inf.item)
+//   step(o)       o.step() only if no inf/nan was found         one host sync (found_inf.item);
+//                 a loom::optim fused optimizer skips on the    none: check-only inf pass, the
+//                 device itself                                 kernel unscales (grad_scale)
 //   update()      scale *= backoff on inf, *= growth after      _amp_update_scale_, in place
 //                 growth_interval clean steps
 //
@@ -29,7 +31,9 @@
 #include <torch/optim/optimizer.h>
 
 #include <loom/error.hpp>
+#include <loom/optim/fused.hpp>
 #include <loom/state_dict.hpp>
+#include <loom/step_result.hpp>
 
 namespace loom::amp {
 
@@ -134,7 +138,13 @@ class GradScaler {
 
   /// Unscales (unless unscale_ already ran) and runs `optimizer.step()` only if no gradient
   /// was inf or nan. Returns whether the step was applied; a disabled scaler always steps.
-  bool step(torch::optim::Optimizer& optimizer) {
+  ///
+  /// A loom::optim fused optimizer (FusedOptimizer) steps as Python's fused optimizers do
+  /// under torch's scaler, with no host sync: a check-only inf pass (the gradients stay
+  /// scaled), then one fused call that divides by the scale inside the kernel (no scale when
+  /// unscale_ already ran) and does nothing if the device-side found_inf is set. The result
+  /// then holds that flag: reading it is the one sync.
+  StepResult step(torch::optim::Optimizer& optimizer) {
     if (!options_.enabled) {
       optimizer.step();
       return true;
@@ -145,6 +155,7 @@ class GradScaler {
           "loom::amp::GradScaler::step: step() has already been called since the last "
           "update().");
     }
+    if (auto* fused = dynamic_cast<optim::FusedOptimizer*>(&optimizer)) return step_fused(*fused);
     if (state_of(optimizer).stage == Stage::Ready) unscale_(optimizer);
     auto& state = state_of(optimizer);  // unscale_ may have added entries; look up again
     if (state.found_inf.empty()) {
@@ -160,7 +171,8 @@ class GradScaler {
 
   /// With a closure: a plain `optimizer.step(closure)` when disabled; an error when enabled,
   /// as in torch (the closure would recompute unscaled gradients).
-  bool step(torch::optim::Optimizer& optimizer, torch::optim::Optimizer::LossClosure closure) {
+  StepResult step(torch::optim::Optimizer& optimizer,
+                  torch::optim::Optimizer::LossClosure closure) {
     if (options_.enabled) {
       throw Error(
           "loom::amp::GradScaler::step: Closure use is not currently supported if "
@@ -329,6 +341,32 @@ class GradScaler {
   }
 
   static at::Tensor clone(const at::Tensor& t) { return t.defined() ? t.clone() : t; }
+
+  // torch's fused branch of GradScaler.step: _check_inf_per_device (inv_scale 1: the
+  // gradients are only checked), found_inf summed on the scale's device, the scale handed to
+  // the optimizer unless unscale_ already ran; no host sync anywhere.
+  StepResult step_fused(optim::FusedOptimizer& optimizer) {
+    std::optional<at::Tensor> grad_scale;
+    if (state_of(optimizer).stage == Stage::Ready) {
+      auto one = at::full({}, 1.0, at::TensorOptions().dtype(c10::kFloat).device(scale_.device()));
+      auto found = unscale_grads(optimizer, one);
+      state_of(optimizer).found_inf = std::move(found);
+      grad_scale = scale_;
+    }
+    auto& state = state_of(optimizer);
+    if (state.found_inf.empty()) {
+      throw Error("loom::amp::GradScaler::step: No inf checks were recorded for this optimizer.");
+    }
+    at::Tensor found = state.found_inf.front().second.to(scale_.device(), /*non_blocking=*/true);
+    for (std::size_t i = 1; i < state.found_inf.size(); ++i) {
+      if (i == 1) found = found.clone();
+      found.add_(state.found_inf[i].second.to(scale_.device(), /*non_blocking=*/true));
+    }
+    optimizer.set_amp(grad_scale, found);
+    optimizer.step();
+    state.stage = Stage::Stepped;
+    return StepResult(found);
+  }
 
   // `master` on `device`, moved on first request (torch's _MultiDeviceReplicator). Replicas
   // are only read, so on master's own device it is master itself: no copy on the usual

@@ -18,6 +18,7 @@
 #include <loom/detail/checkpointable_rows.hpp>
 #include <loom/detail/meta.hpp>
 #include <loom/detail/rows.hpp>
+#include <loom/step_result.hpp>
 
 namespace torch::nn {
 class Module;
@@ -72,9 +73,12 @@ template <class P>
 concept precision_has_post_backward = requires(P& p, const at::Tensor& t, torch::nn::Module& m) {
   { p.post_backward(t, m) } -> std::same_as<at::Tensor>;
 };
+/// What optimizer_step may return: a bool, or a loom::StepResult decided on the device.
+template <class T>
+concept step_result_like = std::same_as<T, bool> || std::same_as<T, StepResult>;
 template <class P>
 concept precision_has_optimizer_step = requires(P& p, torch::optim::Optimizer& o) {
-  { p.optimizer_step(o) } -> std::same_as<bool>;
+  { p.optimizer_step(o) } -> step_result_like;
 };
 template <class P>
 concept precision_has_main_params = requires(P& p, torch::optim::Optimizer& o) {

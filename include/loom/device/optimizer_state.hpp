@@ -50,7 +50,9 @@ inline torch::optim::Optimizer& move_optimizer_state(torch::optim::Optimizer& op
   for (auto& kv : optimizer.state()) {
     torch::optim::OptimizerParamState* s = kv.second.get();
     if (s == nullptr) continue;
-    if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s)) {
+    if (auto* own = dynamic_cast<detail::MovableState*>(s)) {
+      own->move_to(device);
+    } else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s)) {
       a->exp_avg(mv(a->exp_avg())).exp_avg_sq(mv(a->exp_avg_sq()));
       a->max_exp_avg_sq(mv(a->max_exp_avg_sq()));
     } else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(s)) {

@@ -17,6 +17,7 @@
 #include <loom/error.hpp>
 #include <loom/precision/cast.hpp>
 #include <loom/precision/defaults.hpp>
+#include <loom/step_result.hpp>
 
 namespace loom::precision {
 
@@ -57,7 +58,9 @@ struct Bf16Mixed : Mixed<Bf16Mixed, c10::kBFloat16> {
 /// "16-mixed": fp32 weights, fp16 autocast, and dynamic loss scaling by amp::GradScaler.
 ///
 /// backward scales the loss; optimizer_step unscales, skips the step if any gradient is
-/// inf/nan, and updates the scale once (returns whether the step was applied);
+/// inf/nan, and updates the scale once (returns whether the step was applied: with a
+/// loom::optim fused optimizer the whole step makes no host sync, and the StepResult reads
+/// the device flag only when asked);
 /// clip_gradients unscales first. The scaler's state is this policy's state_dict. Stepping,
 /// unscaling or clipping without a backward() through the policy since the last step is an
 /// error: the gradients would not be scaled ones.
@@ -75,10 +78,10 @@ struct Fp16Mixed : Mixed<Fp16Mixed, c10::kHalf> {
     backward_ran_ = true;
   }
 
-  bool optimizer_step(torch::optim::Optimizer& optimizer) {
+  StepResult optimizer_step(torch::optim::Optimizer& optimizer) {
     refuse_closure_optimizers(optimizer);
     require_backward("optimizer_step()");
-    bool applied = scaler_.step(optimizer);
+    StepResult applied = scaler_.step(optimizer);
     scaler_.update();
     backward_ran_ = false;
     return applied;

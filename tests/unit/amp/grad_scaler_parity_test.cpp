@@ -7,12 +7,14 @@
 // bit. Hidden ([.]): ctest runs it as amp.grad_scaler_parity after the fixture
 // amp.grad_scaler_parity.generate, with LOOM_GRAD_SCALER_PARITY_FILE set.
 #include "support/catch.hpp"
+#include "support/fixture.hpp"
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -21,67 +23,11 @@
 #include <torch/optim/sgd.h>
 
 #include <loom/amp/grad_scaler.hpp>
+#include <loom/optim/adam.hpp>
 
-namespace {
-
-// Whitespace-separated tokens of the fixture, read in order.
-class Reader {
- public:
-  explicit Reader(const std::string& path) {
-    std::ifstream in(path);
-    if (!in) FAIL("cannot open the parity fixture " << path);
-    std::string token;
-    while (in >> token) tokens_.push_back(token);
-  }
-  std::string word() {
-    if (pos_ >= tokens_.size()) FAIL("the parity fixture ends early");
-    return tokens_[pos_++];
-  }
-  void expect(const std::string& w) {
-    auto got = word();
-    if (got != w) FAIL("parity fixture: expected '" << w << "', got '" << got << "'");
-  }
-  int64_t integer() { return std::stoll(word()); }
-  double number() {  // hex floats, inf and nan, exactly
-    auto w = word();
-    char* end = nullptr;
-    double v = std::strtod(w.c_str(), &end);
-    if (end == w.c_str() || *end != '\0') FAIL("parity fixture: not a number: " << w);
-    return v;
-  }
-  std::vector<double> numbers(int64_t n) {
-    std::vector<double> v;
-    for (int64_t i = 0; i < n; ++i) v.push_back(number());
-    return v;
-  }
-
- private:
-  std::vector<std::string> tokens_;
-  std::size_t pos_ = 0;
-};
-
-at::Tensor make(const std::vector<double>& values, at::IntArrayRef shape, c10::ScalarType dtype) {
-  auto t = at::tensor(values, at::TensorOptions(at::kDouble));  // exact: f32 values fit
-  return t.to(dtype).reshape(shape).contiguous();
-}
-
-// How many elements differ in their bits.
-int64_t bit_mismatches(const at::Tensor& actual, const at::Tensor& expected) {
-  auto a = actual.detach().contiguous();
-  auto e = expected.contiguous();
-  REQUIRE(a.scalar_type() == e.scalar_type());
-  REQUIRE(a.numel() == e.numel());
-  const auto size = a.element_size();
-  const auto* pa = static_cast<const unsigned char*>(a.data_ptr());
-  const auto* pe = static_cast<const unsigned char*>(e.data_ptr());
-  int64_t bad = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    if (std::memcmp(pa + i * size, pe + i * size, static_cast<std::size_t>(size)) != 0) ++bad;
-  }
-  return bad;
-}
-
-}  // namespace
+using loom::testing::bit_mismatches;
+using loom::testing::make;
+using loom::testing::Reader;
 
 TEST_CASE("GradScaler matches torch.amp.GradScaler bitwise over a fixed run",
           "[.][parity][amp][grad_scaler]") {
@@ -103,10 +49,11 @@ TEST_CASE("GradScaler matches torch.amp.GradScaler bitwise over a fixed run",
   options.growth_interval = in.integer();
   loom::amp::GradScaler scaler(options);
 
-  in.expect("sgd");
+  const auto optimizer = in.word();  // "sgd": torch::optim::SGD; "adam_fused": loom::optim::Adam
+  REQUIRE((optimizer == "sgd" || optimizer == "adam_fused"));
   const double lr = in.number();
-  const double momentum = in.number();
-  const double weight_decay = in.number();
+  const double momentum = optimizer == "sgd" ? in.number() : 0.0;
+  const double weight_decay = optimizer == "sgd" ? in.number() : 0.0;
 
   in.expect("params");
   const auto n_params = in.integer();
@@ -119,8 +66,14 @@ TEST_CASE("GradScaler matches torch.amp.GradScaler bitwise over a fixed run",
     for (auto& d : shape) numel *= (d = in.integer());
     params.push_back(make(in.numbers(numel), shape, dtype).requires_grad_());
   }
-  torch::optim::SGD opt(params,
-                        torch::optim::SGDOptions(lr).momentum(momentum).weight_decay(weight_decay));
+  std::unique_ptr<torch::optim::Optimizer> optimizer_ptr;
+  if (optimizer == "sgd") {
+    optimizer_ptr = std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(lr).momentum(momentum).weight_decay(weight_decay));
+  } else {
+    optimizer_ptr = std::make_unique<loom::optim::Adam>(params, loom::optim::AdamOptions(lr));
+  }
+  auto& opt = *optimizer_ptr;
 
   in.expect("steps");
   const auto steps = in.integer();
@@ -163,7 +116,7 @@ TEST_CASE("GradScaler matches torch.amp.GradScaler bitwise over a fixed run",
       if (scaled[i].defined()) params[i].mutable_grad() = scaled[i];
     }
     if (explicit_unscale) scaler.unscale_(opt);
-    const bool applied = scaler.step(opt);
+    const bool applied = scaler.step(opt).applied();
     scaler.update();
 
     in.expect("expect");
@@ -197,8 +150,8 @@ TEST_CASE("GradScaler matches torch.amp.GradScaler bitwise over a fixed run",
 
   std::ostringstream skipped_list;
   for (auto s : skipped) skipped_list << ' ' << s;
-  std::cout << "grad_scaler_parity: " << steps << " steps, skipped [" << skipped_list.str()
-            << " ], final scale " << scaler.get_scale() << ", tracker "
+  std::cout << "grad_scaler_parity (" << optimizer << "): " << steps << " steps, skipped ["
+            << skipped_list.str() << " ], final scale " << scaler.get_scale() << ", tracker "
             << scaler.get_growth_tracker() << ", parameter bit mismatches " << mismatches
             << "\n  scale after each step:" << trace.str() << '\n';
 }

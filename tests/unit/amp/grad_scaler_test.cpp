@@ -37,7 +37,7 @@ bool iterate(GradScaler& scaler, torch::optim::SGD& opt, double grad_value) {
   for (auto& p : opt.param_groups()[0].params()) {
     set_grad(p, at::full(p.sizes(), grad_value, p.options().requires_grad(false)));
   }
-  const bool applied = scaler.step(opt);
+  const bool applied = scaler.step(opt).applied();
   scaler.update();
   return applied;
 }

@@ -1,0 +1,149 @@
+#pragma once
+// loom::optim::Adam and AdamW: Python's torch.optim.Adam / AdamW(..., fused=True), one
+// at::_fused_adam_ / at::_fused_adamw_ call per (device, dtype) group. docs/optim.md
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_foreach_add.h>
+#include <ATen/ops/_foreach_sub.h>
+#include <ATen/ops/_fused_adam.h>
+#include <ATen/ops/_fused_adamw.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+
+#include <loom/error.hpp>
+#include <loom/optim/fused.hpp>
+
+namespace loom::optim {
+
+namespace detail {
+
+/// The options of Adam (Decoupled = false: weight_decay is L2, added to the gradient, default
+/// 0) and AdamW (true: decoupled weight decay, default 1e-2), with Python's names and defaults.
+template <bool Decoupled>
+struct AdamOptionsFor : torch::optim::OptimizerCloneableOptions<AdamOptionsFor<Decoupled>> {
+  using Betas = std::tuple<double, double>;
+  AdamOptionsFor(double lr = 1e-3) : lr_(lr) {}  // NOLINT: implicit, as torch's options
+  double get_lr() const override { return lr(); }
+  void set_lr(const double lr) override { this->lr(lr); }
+
+  TORCH_ARG(double, lr);
+  TORCH_ARG(Betas, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-8;
+  TORCH_ARG(double, weight_decay) = Decoupled ? 1e-2 : 0.0;
+  TORCH_ARG(bool, amsgrad) = false;
+  TORCH_ARG(bool, maximize) = false;
+};
+
+}  // namespace detail
+
+/// Adam's options (torch.optim.Adam's names and defaults).
+using AdamOptions = detail::AdamOptionsFor<false>;
+/// AdamW's options (torch.optim.AdamW's names and defaults: weight_decay 1e-2).
+using AdamWOptions = detail::AdamOptionsFor<true>;
+
+/// One parameter's Adam/AdamW state, as Python's fused state: `step` (f32 0-dim on the
+/// parameter's device), `exp_avg`, `exp_avg_sq`, and `max_exp_avg_sq` with amsgrad.
+struct AdamParamState : torch::optim::OptimizerCloneableParamState<AdamParamState>, MovableState {
+  void move_to(const c10::Device& device) override {
+    for (auto* t : {&step_, &exp_avg_, &exp_avg_sq_, &max_exp_avg_sq_}) {
+      if (t->defined()) *t = t->to(device);
+    }
+  }
+  TORCH_ARG(at::Tensor, step);
+  TORCH_ARG(at::Tensor, exp_avg);
+  TORCH_ARG(at::Tensor, exp_avg_sq);
+  TORCH_ARG(at::Tensor, max_exp_avg_sq);
+};
+
+namespace detail {
+
+/// Adam (Decoupled = false) or AdamW (true) on the fused kernels.
+template <class Options, bool Decoupled>
+class AdamLike : public FusedOptimizer {
+ public:
+  AdamLike(const std::vector<torch::optim::OptimizerParamGroup>& groups, Options defaults)
+      : FusedOptimizer(groups, std::make_unique<Options>(defaults)) {
+    this->template check_options<Options>(check);
+  }
+  AdamLike(std::vector<at::Tensor> params, Options defaults)
+      : AdamLike({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+  using torch::optim::Optimizer::step;
+  at::Tensor step(LossClosure closure = nullptr) override {
+    check_options<Options>(check);  // options may have changed since construction
+    return run_step<Options>(closure, name(),
+                             [this](const Options& o, Bucket& b) { step_bucket(o, b); });
+  }
+
+ private:
+  static constexpr const char* name() { return Decoupled ? "AdamW" : "Adam"; }
+
+  static void check(const Options& o) {
+    auto fail = [](const std::string& what) {
+      throw Error(std::string("loom::optim::") + name() + ": " + what);
+    };
+    const auto [beta1, beta2] = o.betas();
+    if (o.lr() < 0) fail("Invalid learning rate: " + std::to_string(o.lr()));
+    if (o.eps() < 0) fail("Invalid epsilon value: " + std::to_string(o.eps()));
+    if (beta1 < 0 || beta1 >= 1) fail("Invalid beta parameter at index 0: " + std::to_string(beta1));
+    if (beta2 < 0 || beta2 >= 1) fail("Invalid beta parameter at index 1: " + std::to_string(beta2));
+    if (o.weight_decay() < 0) fail("Invalid weight_decay value: " + std::to_string(o.weight_decay()));
+  }
+
+  void step_bucket(const Options& o, Bucket& b) {
+    auto amp = amp_on(b.device);
+    const std::size_t n = b.params.size();
+    std::vector<at::Tensor> exp_avgs, exp_avg_sqs, max_sqs, steps;
+    exp_avgs.reserve(n);
+    exp_avg_sqs.reserve(n);
+    steps.reserve(n);
+    for (auto& p : b.params) {
+      auto& s = state_for<AdamParamState>(p, [&] {
+        auto st = std::make_unique<AdamParamState>();
+        st->step(at::zeros({}, p.options().dtype(c10::kFloat)));
+        st->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+        st->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+        return st;
+      });
+      if (o.amsgrad() && !s.max_exp_avg_sq().defined()) {
+        s.max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+      }
+      steps.push_back(s.step());
+      exp_avgs.push_back(s.exp_avg());
+      exp_avg_sqs.push_back(s.exp_avg_sq());
+      if (o.amsgrad()) max_sqs.push_back(s.max_exp_avg_sq());
+    }
+    const auto [beta1, beta2] = o.betas();
+    at::_foreach_add_(steps, 1);
+    if constexpr (Decoupled) {
+      at::_fused_adamw_(b.params, b.grads, exp_avgs, exp_avg_sqs, max_sqs, steps, o.lr(), beta1,
+                        beta2, o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(),
+                        amp.grad_scale, amp.found_inf);
+    } else {
+      at::_fused_adam_(b.params, b.grads, exp_avgs, exp_avg_sqs, max_sqs, steps, o.lr(), beta1,
+                       beta2, o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(),
+                       amp.grad_scale, amp.found_inf);
+    }
+    if (amp.found_inf) {  // a skipped step does not count (on the device: no sync)
+      at::_foreach_sub_(steps, std::vector<at::Tensor>(n, *amp.found_inf));
+    }
+  }
+};
+
+}  // namespace detail
+
+/// Adam, as `torch.optim.Adam(params, lr, betas, eps, weight_decay, amsgrad, maximize=...,
+/// fused=True)`.
+using Adam = detail::AdamLike<AdamOptions, false>;
+/// AdamW, as `torch.optim.AdamW(params, lr, betas, eps, weight_decay, amsgrad, maximize=...,
+/// fused=True)`.
+using AdamW = detail::AdamLike<AdamWOptions, true>;
+
+}  // namespace loom::optim

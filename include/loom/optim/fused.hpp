@@ -1,0 +1,183 @@
+#pragma once
+// loom::optim::FusedOptimizer: the base of loom's fused optimizers (SGD, Adam, AdamW).
+//
+// Each is a torch::optim::Optimizer whose step() makes one fused ATen call per (device, dtype)
+// group of every param group (at::_fused_sgd_, at::_fused_adam_, at::_fused_adamw_), with the
+// semantics of Python's `torch.optim.X(..., fused=True)`. Under 16-mixed the precision hands
+// the optimizer the loss scale and the device-side inf flag (set_amp), as Python's GradScaler
+// does: the kernel unscales the gradients itself and does nothing where the flag is set, so
+// the step needs no host sync (docs/optim.md).
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <torch/optim/optimizer.h>
+
+#include <loom/detail/state_registry.hpp>
+#include <loom/error.hpp>
+
+namespace loom::optim {
+
+using detail::MovableState;
+
+/// The base of loom's fused optimizers: param groups, the AMP hand-over and the grouping of
+/// parameters by (device, dtype) that every fused kernel call needs.
+class FusedOptimizer : public torch::optim::Optimizer {
+ public:
+  /// The param groups in order (each with its own options, or the defaults'), and defaults.
+  FusedOptimizer(const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                 std::unique_ptr<torch::optim::OptimizerOptions> defaults)
+      : torch::optim::Optimizer(std::vector<torch::optim::OptimizerParamGroup>{},
+                                std::move(defaults)) {
+    for (const auto& g : groups) add_group(g);
+  }
+
+  /// The next step() divides the gradients by `grad_scale` inside the kernel (none: they are
+  /// already unscaled) and leaves every parameter, state and gradient alone where `found_inf`
+  /// is nonzero (none: never skipped). Both f32 0-dim tensors; moved to each parameter's
+  /// device without a sync. step() consumes them. This is what 16-mixed calls.
+  void set_amp(std::optional<at::Tensor> grad_scale, std::optional<at::Tensor> found_inf) {
+    for (const auto* t : {&grad_scale, &found_inf}) {
+      if (t->has_value() && (!(*t)->defined() || (*t)->scalar_type() != c10::kFloat ||
+                             (*t)->numel() != 1)) {
+        throw Error("loom::optim: set_amp takes defined f32 one-element tensors");
+      }
+    }
+    grad_scale_ = std::move(grad_scale);
+    found_inf_ = std::move(found_inf);
+  }
+
+  /// Adds a param group; its options, when it has them, are used whole (as given), and
+  /// otherwise the defaults'. LibTorch 2.15's add_param_group would replace the options of a
+  /// type it does not know by the defaults.
+  void add_group(const torch::optim::OptimizerParamGroup& group) {
+    add_param_group(group);
+    if (group.has_options()) param_groups_.back().set_options(group.options().clone());
+  }
+
+  /// Whether set_amp has given the next step a found_inf flag.
+  bool has_found_inf() const noexcept { return found_inf_.has_value(); }
+
+ protected:
+  /// One fused call's tensors: the parameters of one param group on one device with one dtype.
+  struct Bucket {
+    c10::Device device;
+    c10::ScalarType dtype;
+    std::vector<at::Tensor> params, grads;
+  };
+
+  /// The parameters with a gradient of `params`, in order, split by (device, dtype) in
+  /// first-seen order (as Python's _group_tensors_by_device_and_dtype). `who` names the
+  /// optimizer in errors: a sparse gradient, or one whose dtype differs from its parameter's.
+  static std::vector<Bucket> buckets(const std::vector<at::Tensor>& params, const char* who) {
+    std::vector<Bucket> out;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto& p = params[i];
+      const auto& g = p.grad();
+      if (!g.defined()) continue;
+      if (g.is_sparse()) {
+        throw Error(std::string("loom::optim::") + who + ": `fused` does not support sparse "
+                    "gradients");
+      }
+      if (g.scalar_type() != p.scalar_type() || g.device() != p.device()) {
+        throw Error(std::string("loom::optim::") + who + ": a gradient's dtype or device "
+                    "differs from its parameter's (" + std::string(c10::toString(g.scalar_type())) +
+                    " vs " + c10::toString(p.scalar_type()) + ")");
+      }
+      if (!at::isFloatingType(p.scalar_type())) {
+        throw Error(std::string("loom::optim::") + who + ": `fused` supports only floating "
+                    "point parameters, got " + c10::toString(p.scalar_type()));
+      }
+      Bucket* b = nullptr;
+      for (auto& existing : out) {
+        if (existing.device == p.device() && existing.dtype == p.scalar_type()) b = &existing;
+      }
+      if (b == nullptr) {
+        out.push_back(Bucket{p.device(), p.scalar_type(), {}, {}});
+        b = &out.back();
+      }
+      b->params.push_back(p);
+      b->grads.push_back(g);
+    }
+    return out;
+  }
+
+  /// Calls `check` on the defaults' and every param group's options (as `Options`).
+  template <class Options, class Check>
+  void check_options(Check&& check) const {
+    check(static_cast<const Options&>(defaults()));
+    for (const auto& g : param_groups()) check(static_cast<const Options&>(g.options()));
+  }
+
+  /// step()'s frame: without grad mode (the closure, if any, with it), `each(options, bucket)`
+  /// for every (device, dtype) bucket of every param group, then the AMP tensors cleared.
+  template <class Options, class Each>
+  at::Tensor run_step(const LossClosure& closure, const char* who, Each&& each) {
+    at::NoGradGuard no_grad;
+    at::Tensor loss;
+    if (closure) {
+      at::AutoGradMode enable(true);
+      loss = closure();
+    }
+    for (auto& group : param_groups_) {
+      const auto& o = static_cast<const Options&>(group.options());
+      for (auto& b : buckets(group.params(), who)) each(o, b);
+    }
+    clear_amp();
+    return loss;
+  }
+
+  /// The AMP tensors of this step on `device` (each moved once per device, without a sync).
+  struct Amp {
+    std::optional<at::Tensor> grad_scale, found_inf;
+  };
+  Amp amp_on(const c10::Device& device) {
+    auto on = [&](const std::optional<at::Tensor>& t,
+                  std::vector<std::pair<c10::Device, at::Tensor>>& cache) -> std::optional<at::Tensor> {
+      if (!t) return std::nullopt;
+      for (const auto& e : cache) {
+        if (e.first == device) return e.second;
+      }
+      cache.emplace_back(device, t->device() == device ? *t : t->to(device, /*non_blocking=*/true));
+      return cache.back().second;
+    };
+    return {on(grad_scale_, scale_cache_), on(found_inf_, found_cache_)};
+  }
+
+  /// Forgets the AMP tensors: called at the end of every step().
+  void clear_amp() {
+    grad_scale_.reset();
+    found_inf_.reset();
+    scale_cache_.clear();
+    found_cache_.clear();
+  }
+
+  /// The state of `p`, created by `make` on first use.
+  template <class State, class Make>
+  State& state_for(const at::Tensor& p, Make&& make) {
+    auto& slot = state_[p.unsafeGetTensorImpl()];
+    if (!slot) slot = make();
+    auto* s = dynamic_cast<State*>(slot.get());
+    if (s == nullptr) throw Error("loom::optim: a parameter's state has another optimizer's type");
+    return *s;
+  }
+
+  /// The state of `p`, or nullptr.
+  template <class State>
+  State* find_state(const at::Tensor& p) {
+    auto it = state_.find(p.unsafeGetTensorImpl());
+    return it == state_.end() ? nullptr : dynamic_cast<State*>(it->second.get());
+  }
+
+ private:
+  std::optional<at::Tensor> grad_scale_, found_inf_;
+  std::vector<std::pair<c10::Device, at::Tensor>> scale_cache_, found_cache_;
+};
+
+}  // namespace loom::optim

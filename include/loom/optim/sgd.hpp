@@ -1,0 +1,110 @@
+#pragma once
+// loom::optim::SGD: Python's torch.optim.SGD(..., fused=True), one at::_fused_sgd_ call per
+// (device, dtype) group. docs/optim.md
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_fused_sgd.h>
+#include <ATen/ops/zeros_like.h>
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+
+#include <loom/error.hpp>
+#include <loom/optim/fused.hpp>
+
+namespace loom::optim {
+
+/// SGD's options, with Python's names and defaults.
+struct SGDOptions : torch::optim::OptimizerCloneableOptions<SGDOptions> {
+  SGDOptions(double lr = 1e-3) : lr_(lr) {}  // NOLINT: implicit, as torch::optim::SGDOptions
+  double get_lr() const override { return lr(); }
+  void set_lr(const double lr) override { this->lr(lr); }
+
+  TORCH_ARG(double, lr);
+  TORCH_ARG(double, momentum) = 0;
+  TORCH_ARG(double, dampening) = 0;
+  TORCH_ARG(double, weight_decay) = 0;
+  TORCH_ARG(bool, nesterov) = false;
+  TORCH_ARG(bool, maximize) = false;
+};
+
+/// One parameter's SGD state: Python's `momentum_buffer` (only when momentum != 0).
+struct SGDParamState : torch::optim::OptimizerCloneableParamState<SGDParamState>, MovableState {
+  void move_to(const c10::Device& device) override {
+    if (momentum_buffer_.defined()) momentum_buffer_ = momentum_buffer_.to(device);
+  }
+  TORCH_ARG(at::Tensor, momentum_buffer);
+};
+
+/// Stochastic gradient descent with momentum, as `torch.optim.SGD(params, lr, momentum,
+/// dampening, weight_decay, nesterov, maximize=..., fused=True)`.
+///
+/// One difference, on purpose: Python's fused SGD leaves the momentum buffers uninitialised
+/// when its first step is skipped by a GradScaler (inf/nan gradients), and uses that memory on
+/// the next step. loom starts the buffers at zero (exact when dampening is 0: the first step
+/// is then buf = grad); with dampening != 0 and a found_inf flag, the first step reads the
+/// flag once (one host sync, once) to know whether the buffers were filled.
+class SGD : public FusedOptimizer {
+ public:
+  SGD(const std::vector<torch::optim::OptimizerParamGroup>& groups, SGDOptions defaults)
+      : FusedOptimizer(groups, std::make_unique<SGDOptions>(defaults)) {
+    check_options<SGDOptions>(check);
+  }
+  SGD(std::vector<at::Tensor> params, SGDOptions defaults)
+      : SGD({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+  using torch::optim::Optimizer::step;
+  at::Tensor step(LossClosure closure = nullptr) override {
+    check_options<SGDOptions>(check);  // options may have changed since construction
+    return run_step<SGDOptions>(closure, "SGD",
+                                [this](const SGDOptions& o, Bucket& b) { step_bucket(o, b); });
+  }
+
+ private:
+  static void check(const SGDOptions& o) {
+    if (o.lr() < 0) throw Error("loom::optim::SGD: Invalid learning rate: " + std::to_string(o.lr()));
+    if (o.momentum() < 0) {
+      throw Error("loom::optim::SGD: Invalid momentum value: " + std::to_string(o.momentum()));
+    }
+    if (o.weight_decay() < 0) {
+      throw Error("loom::optim::SGD: Invalid weight_decay value: " +
+                  std::to_string(o.weight_decay()));
+    }
+    if (o.nesterov() && (o.momentum() <= 0 || o.dampening() != 0)) {
+      throw Error("loom::optim::SGD: Nesterov momentum requires a momentum and zero dampening");
+    }
+  }
+
+  void step_bucket(const SGDOptions& o, Bucket& b) {
+    auto amp = amp_on(b.device);
+    std::vector<at::Tensor> bufs;
+    bool first = false;
+    if (o.momentum() != 0) {
+      bufs.reserve(b.params.size());
+      bool none = true;
+      for (auto& p : b.params) {
+        auto* s = find_state<SGDParamState>(p);
+        if (s != nullptr && s->momentum_buffer().defined()) none = false;
+      }
+      for (std::size_t i = 0; i < b.params.size(); ++i) {
+        auto& s = state_for<SGDParamState>(b.params[i], [] { return std::make_unique<SGDParamState>(); });
+        if (!s.momentum_buffer().defined()) s.momentum_buffer(at::zeros_like(b.grads[i]));
+        bufs.push_back(s.momentum_buffer());
+      }
+      // Zero buffers make buf = momentum * 0 + (1 - dampening) * grad: the first step's
+      // buf = grad exactly when dampening is 0; otherwise the kernel's first-step path.
+      first = none && o.dampening() != 0;
+    }
+    at::_fused_sgd_(b.params, b.grads, bufs, o.weight_decay(), o.momentum(), o.lr(),
+                    o.dampening(), o.nesterov(), o.maximize(), first, amp.grad_scale,
+                    amp.found_inf);
+    if (first && amp.found_inf && amp.found_inf->item<float>() != 0) {  // once: see the class
+      for (auto& p : b.params) state_.erase(p.unsafeGetTensorImpl());
+    }
+  }
+};
+
+}  // namespace loom::optim

@@ -1,0 +1,179 @@
+// 16-mixed with loom's fused optimizers: no host sync in the step (counted on the ops that
+// sync), skipping on inf/nan on the device, clipping, and the StepResult read once.
+#include "support/catch.hpp"
+#include "support/warnings.hpp"
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+
+#include <loom/loom.hpp>
+
+namespace {
+
+/// Counts the host reads of tensor values (`aten::item`, `aten::_local_scalar_dense`) that the
+/// code under test makes itself, in this thread, while alive: calls at the top level, not
+/// those inside another ATen op. (On the CPU the fused Adam kernel reads each parameter's step
+/// count, a CPU tensor, inside the kernel; that is not a wait for any device, and on CUDA the
+/// kernel reads the count on the device.)
+class SyncCounter {
+ public:
+  SyncCounter() {
+    handle_ = at::addThreadLocalCallback(
+        at::RecordFunctionCallback(
+            [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+              const std::string name = fn.name();
+              if (depth() == 0 && (name == "aten::item" || name == "aten::_local_scalar_dense")) {
+                ++count();
+              }
+              ++depth();
+              return nullptr;
+            },
+            [](const at::RecordFunction&, at::ObserverContext*) { --depth(); })
+            .scopes({at::RecordScope::FUNCTION}));
+    count() = 0;
+    depth() = 0;
+  }
+  ~SyncCounter() { at::removeCallback(handle_); }
+  SyncCounter(const SyncCounter&) = delete;
+  SyncCounter& operator=(const SyncCounter&) = delete;
+
+  static int& count() {
+    thread_local int n = 0;
+    return n;
+  }
+  static int& depth() {
+    thread_local int n = 0;
+    return n;
+  }
+
+ private:
+  at::CallbackHandle handle_;
+};
+
+/// A runtime whose first scale (256) does not overflow fp16 for these small models.
+loom::Runtime<loom::Cpu, loom::Fp16Mixed> runtime() {
+  loom::amp::GradScalerOptions o;
+  o.init_scale = 256.0;
+  return loom::Runtime<loom::Cpu, loom::Fp16Mixed>(loom::Cpu{}, loom::Fp16Mixed(o));
+}
+
+torch::nn::Linear model() {
+  torch::manual_seed(3);
+  return torch::nn::Linear(4, 3);
+}
+
+template <class Optimizer>
+int syncs_in_one_step(Optimizer& opt, torch::nn::Linear& m,
+                      loom::Runtime<loom::Cpu, loom::Fp16Mixed>& rt, const at::Tensor& x) {
+  rt.setup(m, opt);
+  for (int i = 0; i < 2; ++i) {  // warm: the scale tensor and the state exist
+    opt.zero_grad();
+    rt.backward(rt.forward(m, x).sum(), m);
+    rt.optimizer_step(opt).applied();
+  }
+  opt.zero_grad();
+  SyncCounter counter;
+  rt.backward(rt.forward(m, x).sum(), m);
+  auto result = rt.optimizer_step(opt);
+  return SyncCounter::count();
+}
+
+}  // namespace
+
+TEST_CASE("A 16-mixed step with a loom::optim optimizer makes no host sync", "[optim][amp]") {
+  loom::testing::WarningCatcher quiet;  // fp16 on the CPU warns once
+  auto x = at::randn({8, 4});
+  {
+    auto m = model();
+    loom::optim::Adam opt(m->parameters(), loom::optim::AdamOptions(1e-2));
+    auto rt = runtime();
+    CHECK(syncs_in_one_step(opt, m, rt, x) == 0);
+  }
+  {
+    auto m = model();
+    loom::optim::SGD opt(m->parameters(), loom::optim::SGDOptions(1e-2).momentum(0.9));
+    auto rt = runtime();
+    CHECK(syncs_in_one_step(opt, m, rt, x) == 0);
+  }
+  {  // LibTorch's optimizer: the scaler must read found_inf on the host
+    auto m = model();
+    torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(1e-2));
+    auto rt = runtime();
+    CHECK(syncs_in_one_step(opt, m, rt, x) >= 1);
+  }
+}
+
+TEST_CASE("Reading a fused 16-mixed StepResult is one sync, once", "[optim][amp]") {
+  loom::testing::WarningCatcher quiet;
+  auto m = model();
+  loom::optim::AdamW opt(m->parameters(), loom::optim::AdamWOptions(1e-2));
+  auto rt = runtime();
+  rt.setup(m, opt);
+  rt.backward(rt.forward(m, at::randn({8, 4})).sum(), m);
+  auto result = rt.optimizer_step(opt);
+  CHECK_FALSE(result.known());
+  REQUIRE(result.found_inf().defined());
+  SyncCounter counter;
+  CHECK(result.applied());
+  CHECK(SyncCounter::count() == 1);
+  CHECK(result.known());
+  CHECK(static_cast<bool>(result));
+  CHECK(SyncCounter::count() == 1);
+}
+
+TEST_CASE("A fused 16-mixed step with inf gradients is skipped on the device", "[optim][amp]") {
+  loom::testing::WarningCatcher quiet;
+  auto m = model();
+  loom::optim::Adam opt(m->parameters(), loom::optim::AdamOptions(1e-2));
+  auto rt = runtime();
+  rt.setup(m, opt);
+  auto x = at::randn({8, 4});
+  rt.backward(rt.forward(m, x).sum(), m);
+  REQUIRE(rt.optimizer_step(opt).applied());
+  const auto w = m->weight.detach().clone();
+  const double scale = rt.precision().loss_scale();
+  opt.zero_grad();
+  rt.backward(rt.forward(m, x).sum(), m);
+  m->weight.mutable_grad().view({-1})[0].fill_(std::numeric_limits<float>::infinity());
+  auto result = rt.optimizer_step(opt);
+  CHECK_FALSE(result.applied());
+  CHECK(at::equal(m->weight.detach(), w));
+  CHECK(rt.precision().loss_scale() == scale * 0.5);
+  auto& s =
+      static_cast<loom::optim::AdamParamState&>(*opt.state().at(m->weight.unsafeGetTensorImpl()));
+  CHECK(s.step().item<float>() == 1.f);  // the skipped step did not count
+}
+
+TEST_CASE("Clipping under 16-mixed unscales once, then the fused step takes no scale",
+          "[optim][amp]") {
+  loom::testing::WarningCatcher quiet;
+  auto m = model();
+  loom::optim::Adam opt(m->parameters(), loom::optim::AdamOptions(1e-2));
+  auto rt = runtime();
+  rt.setup(m, opt);
+  rt.backward(rt.forward(m, at::randn({8, 4})).sum() * 2, m);
+  rt.clip_gradients(opt, 0.5);
+  // The reference: a plain Adam step on the clipped, unscaled gradients.
+  std::vector<at::Tensor> ref;
+  for (const auto& p : m->parameters()) {
+    auto r = p.detach().clone().requires_grad_();
+    r.mutable_grad() = p.grad().clone();
+    ref.push_back(r);
+  }
+  double norm = 0;
+  for (const auto& r : ref) norm += r.grad().pow(2).sum().item<double>();
+  CHECK(std::sqrt(norm) <= 0.5 + 1e-6);  // clipped true gradients, not scaled ones
+  loom::optim::Adam plain(ref, loom::optim::AdamOptions(1e-2));
+  plain.step();
+  REQUIRE(rt.optimizer_step(opt).applied());
+  auto params = m->parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) CHECK(at::equal(params[i].detach(), ref[i].detach()));
+}
