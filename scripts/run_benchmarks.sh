@@ -14,6 +14,8 @@
 #                 dependency and is installed only when asked: --install-lightning runs
 #                   $LOOM_VENV/bin/python -m pip install lightning
 #                 Without it, and without lightning already installed, this part is skipped.
+#                 With it also part 7: loom::optim's fused SGD and Adam vs Fabric with the
+#                 default and with fused=True optimizers (1 and 2 threads)
 #   4. compile    g++ -std=c++20 -O2 -c of Runtime for every device x precision pair vs the same
 #                 steps by hand, best of 7 (compile times vary 10-30% run to run on 2 cores)
 #   6. ddp        loom::Ddp vs Python DDP: 2 ranks, gloo, CPU, one thread each; tiny, medium,
@@ -87,6 +89,11 @@ if [ "$fabric" = 1 ]; then
     echo "fabric run: $(uptime)" >>"$raw/load.txt"
     "$py" "$LOOM_ROOT/benchmarks/fabric/fabric_vs_loom.py" --loom-bin "$bin/fabric/loom_fabric_train" \
       --out "$raw/fabric_vs_loom.json" --threads "${LOOM_BENCH_THREADS:-$(nproc)}" --reps 3
+    log "optim: loom::optim vs Fabric's default and fused optimizers (part 7)"
+    echo "optim run: $(uptime)" >>"$raw/load.txt"
+    "$py" "$LOOM_ROOT/benchmarks/fabric/optim_vs_fabric.py" \
+      --loom-bin "$bin/fabric/loom_fabric_train" --out "$raw/optim_vs_fabric.json" \
+      --threads 1,2 --reps 3
   else
     log "fabric: skipped (lightning is not installed; pass --install-lightning)"
   fi

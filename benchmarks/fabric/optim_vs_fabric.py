@@ -62,6 +62,16 @@ def fabric_train(d, cfg, precision, x, y, optimizer, fused):
     return rate, [p.detach().float() for p in model.parameters()]
 
 
+def write(path, rows):
+    import lightning
+
+    doc = {"torch": torch.__version__, "lightning": lightning.__version__,
+           "optimizers": {"sgd": "SGD(lr=0.01, momentum=0.9)", "adam": "Adam(lr=1e-3)"},
+           "loss": "cross_entropy", "rows": rows}
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--loom-bin", required=True)
@@ -73,8 +83,6 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
     warnings.filterwarnings("ignore")
-    import lightning
-
     rows = []
     for threads in [int(t) for t in a.threads.split(",")]:
         torch.set_num_threads(threads)
@@ -124,15 +132,12 @@ def main():
                            "vs_fused": best["loom"] / best["fused"],
                            "max_abs_param_diff_vs_fused": diff}
                     rows.append(row)
+                    write(a.out, rows)  # after every row: a stopped run keeps what it measured
                     print(f"t{threads} {size:6s} {precision:10s} {optimizer:4s} loom "
                           f"{best['loom']:8.1f}  fabric {best['default']:8.1f} (x{row['vs_default']:.2f})"
                           f"  fabric-fused {best['fused']:8.1f} (x{row['vs_fused']:.2f})"
                           f"  max|dp| {diff:.3g}", file=sys.stderr, flush=True)
-    doc = {"torch": torch.__version__, "lightning": lightning.__version__,
-           "optimizers": {"sgd": "SGD(lr=0.01, momentum=0.9)", "adam": "Adam(lr=1e-3)"},
-           "loss": "cross_entropy", "rows": rows}
-    with open(a.out, "w") as f:
-        json.dump(doc, f, indent=1)
+    write(a.out, rows)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/optim/sgd.h>
 #include <CLI/CLI.hpp>
 
 #include <loom/loom.hpp>
@@ -56,7 +55,7 @@ int train(RT& rt, const Options& o) {
                                   torch::nn::Linear(64, 4));
   }
   // SGD rather than Adam: Adam's default eps (1e-8) is 0 in fp16, which 16-true would hit.
-  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(o.lr).momentum(0.9));
+  loom::optim::SGD opt(model->parameters(), loom::optim::SGDOptions(o.lr).momentum(0.9));
   rt.setup(model, opt);
 
   auto [x, y] = rt.to_device(make_data(o.steps * o.batch_size));

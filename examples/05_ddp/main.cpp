@@ -26,7 +26,6 @@
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/optim/adam.h>
 #include <CLI/CLI.hpp>
 
 #include <loom/dist/ddp.hpp>
@@ -67,7 +66,7 @@ double train_and_evaluate(RT& rt, const Options& o) {
   auto& s = rt.strategy();
   torch::nn::Sequential model(torch::nn::Flatten(), torch::nn::Linear(28 * 28, 256),
                               torch::nn::ReLU(), torch::nn::Linear(256, 10));
-  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(o.lr));
+  loom::optim::Adam opt(model->parameters(), loom::optim::AdamOptions(o.lr));  // fused
   rt.setup(model, opt);  // every rank now holds rank 0's weights
 
   auto train_set = dataset(o.data, Mode::kTrain);

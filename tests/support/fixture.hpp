@@ -50,7 +50,8 @@ class Reader {
   std::size_t pos_ = 0;
 };
 
-inline at::Tensor make(const std::vector<double>& values, at::IntArrayRef shape, c10::ScalarType dtype) {
+inline at::Tensor make(const std::vector<double>& values, at::IntArrayRef shape,
+                       c10::ScalarType dtype) {
   auto t = at::tensor(values, at::TensorOptions(at::kDouble));  // exact: f32 values fit
   return t.to(dtype).reshape(shape).contiguous();
 }
@@ -70,6 +71,5 @@ inline int64_t bit_mismatches(const at::Tensor& actual, const at::Tensor& expect
   }
   return bad;
 }
-
 
 }  // namespace loom::testing

@@ -16,6 +16,8 @@
 #include <ATen/ops/zeros_like.h>
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
+#include <torch/optim/serialize.h>
+#include <torch/serialize/archive.h>
 
 #include <loom/error.hpp>
 #include <loom/optim/fused.hpp>
@@ -32,6 +34,22 @@ struct AdamOptionsFor : torch::optim::OptimizerCloneableOptions<AdamOptionsFor<D
   AdamOptionsFor(double lr = 1e-3) : lr_(lr) {}  // NOLINT: implicit, as torch's options
   double get_lr() const override { return lr(); }
   void set_lr(const double lr) override { this->lr(lr); }
+  void serialize(torch::serialize::OutputArchive& archive) const override {
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(amsgrad);
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+  }
+  void serialize(torch::serialize::InputArchive& archive) override {
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(Betas, betas);
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, amsgrad);
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+  }
 
   TORCH_ARG(double, lr);
   TORCH_ARG(Betas, betas) = std::make_tuple(0.9, 0.999);
@@ -56,6 +74,18 @@ struct AdamParamState : torch::optim::OptimizerCloneableParamState<AdamParamStat
       if (t->defined()) *t = t->to(device);
     }
   }
+  void serialize(torch::serialize::OutputArchive& archive) const override {
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_exp_avg_sq);
+  }
+  void serialize(torch::serialize::InputArchive& archive) override {
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, step);
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg);
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_sq);
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, max_exp_avg_sq);
+  }
   TORCH_ARG(at::Tensor, step);
   TORCH_ARG(at::Tensor, exp_avg);
   TORCH_ARG(at::Tensor, exp_avg_sq);
@@ -75,6 +105,15 @@ class AdamLike : public FusedOptimizer {
   AdamLike(std::vector<at::Tensor> params, Options defaults)
       : AdamLike({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
 
+  /// torch::save / torch::load of the optimizer: options of every group and each
+  /// parameter's state, in LibTorch's optimizer archive layout.
+  void save(torch::serialize::OutputArchive& archive) const override {
+    torch::optim::serialize<AdamParamState, Options>(archive, *this);
+  }
+  void load(torch::serialize::InputArchive& archive) override {
+    torch::optim::serialize<AdamParamState, Options>(archive, *this);
+  }
+
   using torch::optim::Optimizer::step;
   at::Tensor step(LossClosure closure = nullptr) override {
     check_options<Options>(check);  // options may have changed since construction
@@ -92,9 +131,12 @@ class AdamLike : public FusedOptimizer {
     const auto [beta1, beta2] = o.betas();
     if (o.lr() < 0) fail("Invalid learning rate: " + std::to_string(o.lr()));
     if (o.eps() < 0) fail("Invalid epsilon value: " + std::to_string(o.eps()));
-    if (beta1 < 0 || beta1 >= 1) fail("Invalid beta parameter at index 0: " + std::to_string(beta1));
-    if (beta2 < 0 || beta2 >= 1) fail("Invalid beta parameter at index 1: " + std::to_string(beta2));
-    if (o.weight_decay() < 0) fail("Invalid weight_decay value: " + std::to_string(o.weight_decay()));
+    if (beta1 < 0 || beta1 >= 1)
+      fail("Invalid beta parameter at index 0: " + std::to_string(beta1));
+    if (beta2 < 0 || beta2 >= 1)
+      fail("Invalid beta parameter at index 1: " + std::to_string(beta2));
+    if (o.weight_decay() < 0)
+      fail("Invalid weight_decay value: " + std::to_string(o.weight_decay()));
   }
 
   void step_bucket(const Options& o, Bucket& b) {
@@ -124,12 +166,12 @@ class AdamLike : public FusedOptimizer {
     at::_foreach_add_(steps, 1);
     if constexpr (Decoupled) {
       at::_fused_adamw_(b.params, b.grads, exp_avgs, exp_avg_sqs, max_sqs, steps, o.lr(), beta1,
-                        beta2, o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(),
-                        amp.grad_scale, amp.found_inf);
+                        beta2, o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(), amp.grad_scale,
+                        amp.found_inf);
     } else {
       at::_fused_adam_(b.params, b.grads, exp_avgs, exp_avg_sqs, max_sqs, steps, o.lr(), beta1,
-                       beta2, o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(),
-                       amp.grad_scale, amp.found_inf);
+                       beta2, o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(), amp.grad_scale,
+                       amp.found_inf);
     }
     if (amp.found_inf) {  // a skipped step does not count (on the device: no sync)
       at::_foreach_sub_(steps, std::vector<at::Tensor>(n, *amp.found_inf));

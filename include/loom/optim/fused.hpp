@@ -44,8 +44,8 @@ class FusedOptimizer : public torch::optim::Optimizer {
   /// device without a sync. step() consumes them. This is what 16-mixed calls.
   void set_amp(std::optional<at::Tensor> grad_scale, std::optional<at::Tensor> found_inf) {
     for (const auto* t : {&grad_scale, &found_inf}) {
-      if (t->has_value() && (!(*t)->defined() || (*t)->scalar_type() != c10::kFloat ||
-                             (*t)->numel() != 1)) {
+      if (t->has_value() &&
+          (!(*t)->defined() || (*t)->scalar_type() != c10::kFloat || (*t)->numel() != 1)) {
         throw Error("loom::optim: set_amp takes defined f32 one-element tensors");
       }
     }
@@ -82,17 +82,22 @@ class FusedOptimizer : public torch::optim::Optimizer {
       const auto& g = p.grad();
       if (!g.defined()) continue;
       if (g.is_sparse()) {
-        throw Error(std::string("loom::optim::") + who + ": `fused` does not support sparse "
+        throw Error(std::string("loom::optim::") + who +
+                    ": `fused` does not support sparse "
                     "gradients");
       }
       if (g.scalar_type() != p.scalar_type() || g.device() != p.device()) {
-        throw Error(std::string("loom::optim::") + who + ": a gradient's dtype or device "
-                    "differs from its parameter's (" + std::string(c10::toString(g.scalar_type())) +
-                    " vs " + c10::toString(p.scalar_type()) + ")");
+        throw Error(std::string("loom::optim::") + who +
+                    ": a gradient's dtype or device "
+                    "differs from its parameter's (" +
+                    std::string(c10::toString(g.scalar_type())) + " vs " +
+                    c10::toString(p.scalar_type()) + ")");
       }
       if (!at::isFloatingType(p.scalar_type())) {
-        throw Error(std::string("loom::optim::") + who + ": `fused` supports only floating "
-                    "point parameters, got " + c10::toString(p.scalar_type()));
+        throw Error(std::string("loom::optim::") + who +
+                    ": `fused` supports only floating "
+                    "point parameters, got " +
+                    c10::toString(p.scalar_type()));
       }
       Bucket* b = nullptr;
       for (auto& existing : out) {
@@ -138,8 +143,9 @@ class FusedOptimizer : public torch::optim::Optimizer {
     std::optional<at::Tensor> grad_scale, found_inf;
   };
   Amp amp_on(const c10::Device& device) {
-    auto on = [&](const std::optional<at::Tensor>& t,
-                  std::vector<std::pair<c10::Device, at::Tensor>>& cache) -> std::optional<at::Tensor> {
+    auto on =
+        [&](const std::optional<at::Tensor>& t,
+            std::vector<std::pair<c10::Device, at::Tensor>>& cache) -> std::optional<at::Tensor> {
       if (!t) return std::nullopt;
       for (const auto& e : cache) {
         if (e.first == device) return e.second;

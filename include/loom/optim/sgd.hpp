@@ -11,6 +11,8 @@
 #include <ATen/ops/zeros_like.h>
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
+#include <torch/optim/serialize.h>
+#include <torch/serialize/archive.h>
 
 #include <loom/error.hpp>
 #include <loom/optim/fused.hpp>
@@ -22,6 +24,22 @@ struct SGDOptions : torch::optim::OptimizerCloneableOptions<SGDOptions> {
   SGDOptions(double lr = 1e-3) : lr_(lr) {}  // NOLINT: implicit, as torch::optim::SGDOptions
   double get_lr() const override { return lr(); }
   void set_lr(const double lr) override { this->lr(lr); }
+  void serialize(torch::serialize::OutputArchive& archive) const override {
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum);
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(dampening);
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(nesterov);
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
+  }
+  void serialize(torch::serialize::InputArchive& archive) override {
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, momentum);
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, dampening);
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, nesterov);
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
+  }
 
   TORCH_ARG(double, lr);
   TORCH_ARG(double, momentum) = 0;
@@ -35,6 +53,12 @@ struct SGDOptions : torch::optim::OptimizerCloneableOptions<SGDOptions> {
 struct SGDParamState : torch::optim::OptimizerCloneableParamState<SGDParamState>, MovableState {
   void move_to(const c10::Device& device) override {
     if (momentum_buffer_.defined()) momentum_buffer_ = momentum_buffer_.to(device);
+  }
+  void serialize(torch::serialize::OutputArchive& archive) const override {
+    _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer);
+  }
+  void serialize(torch::serialize::InputArchive& archive) override {
+    _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, momentum_buffer);
   }
   TORCH_ARG(at::Tensor, momentum_buffer);
 };
@@ -56,6 +80,15 @@ class SGD : public FusedOptimizer {
   SGD(std::vector<at::Tensor> params, SGDOptions defaults)
       : SGD({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
 
+  /// torch::save / torch::load of the optimizer: options of every group and each
+  /// parameter's state, in LibTorch's optimizer archive layout.
+  void save(torch::serialize::OutputArchive& archive) const override {
+    torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+  }
+  void load(torch::serialize::InputArchive& archive) override {
+    torch::optim::serialize<SGDParamState, SGDOptions>(archive, *this);
+  }
+
   using torch::optim::Optimizer::step;
   at::Tensor step(LossClosure closure = nullptr) override {
     check_options<SGDOptions>(check);  // options may have changed since construction
@@ -65,7 +98,8 @@ class SGD : public FusedOptimizer {
 
  private:
   static void check(const SGDOptions& o) {
-    if (o.lr() < 0) throw Error("loom::optim::SGD: Invalid learning rate: " + std::to_string(o.lr()));
+    if (o.lr() < 0)
+      throw Error("loom::optim::SGD: Invalid learning rate: " + std::to_string(o.lr()));
     if (o.momentum() < 0) {
       throw Error("loom::optim::SGD: Invalid momentum value: " + std::to_string(o.momentum()));
     }
@@ -90,7 +124,8 @@ class SGD : public FusedOptimizer {
         if (s != nullptr && s->momentum_buffer().defined()) none = false;
       }
       for (std::size_t i = 0; i < b.params.size(); ++i) {
-        auto& s = state_for<SGDParamState>(b.params[i], [] { return std::make_unique<SGDParamState>(); });
+        auto& s =
+            state_for<SGDParamState>(b.params[i], [] { return std::make_unique<SGDParamState>(); });
         if (!s.momentum_buffer().defined()) s.momentum_buffer(at::zeros_like(b.grads[i]));
         bufs.push_back(s.momentum_buffer());
       }
@@ -98,9 +133,8 @@ class SGD : public FusedOptimizer {
       // buf = grad exactly when dampening is 0; otherwise the kernel's first-step path.
       first = none && o.dampening() != 0;
     }
-    at::_fused_sgd_(b.params, b.grads, bufs, o.weight_decay(), o.momentum(), o.lr(),
-                    o.dampening(), o.nesterov(), o.maximize(), first, amp.grad_scale,
-                    amp.found_inf);
+    at::_fused_sgd_(b.params, b.grads, bufs, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
+                    o.nesterov(), o.maximize(), first, amp.grad_scale, amp.found_inf);
     if (first && amp.found_inf && amp.found_inf->item<float>() != 0) {  // once: see the class
       for (auto& p : b.params) state_.erase(p.unsafeGetTensorImpl());
     }

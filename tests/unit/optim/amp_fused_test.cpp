@@ -175,5 +175,6 @@ TEST_CASE("Clipping under 16-mixed unscales once, then the fused step takes no s
   plain.step();
   REQUIRE(rt.optimizer_step(opt).applied());
   auto params = m->parameters();
-  for (std::size_t i = 0; i < params.size(); ++i) CHECK(at::equal(params[i].detach(), ref[i].detach()));
+  for (std::size_t i = 0; i < params.size(); ++i)
+    CHECK(at::equal(params[i].detach(), ref[i].detach()));
 }

@@ -2,10 +2,12 @@
 // overflow bug, device moves. Bitwise parity with Python is optim_parity_test.cpp.
 #include "support/catch.hpp"
 
+#include <sstream>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/optim/sgd.h>
+#include <torch/serialize.h>
 
 #include <loom/device/optimizer_state.hpp>
 #include <loom/error.hpp>
@@ -46,7 +48,8 @@ TEST_CASE("loom::optim options have Python's defaults and names", "[optim]") {
 TEST_CASE("loom::optim rejects Python's invalid options with Python's words", "[optim]") {
   auto p = param({1.f});
   using loom::optim::SGDOptions;
-  CHECK_THROWS_WITH(loom::optim::SGD({p}, SGDOptions(-1)), Catch::Contains("Invalid learning rate"));
+  CHECK_THROWS_WITH(loom::optim::SGD({p}, SGDOptions(-1)),
+                    Catch::Contains("Invalid learning rate"));
   CHECK_THROWS_WITH(loom::optim::SGD({p}, SGDOptions(0.1).momentum(-0.5)),
                     Catch::Contains("Invalid momentum value"));
   CHECK_THROWS_WITH(loom::optim::SGD({p}, SGDOptions(0.1).nesterov(true)),
@@ -188,4 +191,53 @@ TEST_CASE("Sparse or mismatched gradients are refused with the reason", "[optim]
   loom::optim::SGD opt({p}, loom::optim::SGDOptions(0.1));
   p.mutable_grad() = at::tensor({1.0, 1.0}, at::kDouble);
   CHECK_THROWS_WITH(opt.step(), Catch::Contains("dtype or device differs from its parameter's"));
+}
+
+TEST_CASE("torch::save and torch::load resume loom's optimizers exactly", "[optim]") {
+  auto run = [](bool resume) {
+    torch::manual_seed(5);
+    auto p = at::randn({3}).requires_grad_();
+    auto q = p.detach().clone().requires_grad_();
+    loom::optim::Adam first({p}, loom::optim::AdamOptions(0.1).amsgrad(true));
+    for (int i = 0; i < 3; ++i) {
+      p.mutable_grad() = at::full({3}, 0.5f * (i + 1));
+      first.step();
+    }
+    if (!resume) {
+      for (int i = 3; i < 6; ++i) {
+        p.mutable_grad() = at::full({3}, 0.5f * (i + 1));
+        first.step();
+      }
+      return p.detach().clone();
+    }
+    std::stringstream archive;
+    torch::save(first, archive);
+    {
+      torch::NoGradGuard no_grad;
+      q.copy_(p);
+    }
+    loom::optim::Adam second({q}, loom::optim::AdamOptions(0.5));  // options come from the file
+    torch::load(second, archive);
+    CHECK(second.param_groups()[0].options().get_lr() == 0.1);
+    for (int i = 3; i < 6; ++i) {
+      q.mutable_grad() = at::full({3}, 0.5f * (i + 1));
+      second.step();
+    }
+    return q.detach().clone();
+  };
+  CHECK(at::equal(run(false), run(true)));
+
+  auto s = param({1.f, 2.f});
+  loom::optim::SGD sgd({s}, loom::optim::SGDOptions(0.1).momentum(0.9));
+  s.mutable_grad() = at::tensor({1.f, 1.f});
+  sgd.step();
+  std::stringstream archive;
+  torch::save(sgd, archive);
+  auto t = param({1.f, 2.f});
+  loom::optim::SGD restored({t}, loom::optim::SGDOptions(0.2));
+  torch::load(restored, archive);
+  auto& buf =
+      static_cast<loom::optim::SGDParamState&>(*restored.state().at(t.unsafeGetTensorImpl()));
+  CHECK(at::equal(buf.momentum_buffer(), at::tensor({1.f, 1.f})));
+  CHECK(restored.param_groups()[0].options().get_lr() == 0.1);
 }

@@ -34,8 +34,8 @@ Options read_group(Reader& in, const std::string& optimizer, int64_t index) {
   Options o;
   const std::vector<std::string> keys =
       optimizer == "SGD"
-          ? std::vector<std::string>{"lr", "momentum", "dampening", "weight_decay", "nesterov",
-                                     "maximize"}
+          ? std::vector<std::string>{"lr",           "momentum", "dampening",
+                                     "weight_decay", "nesterov", "maximize"}
           : std::vector<std::string>{"lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"};
   for (const auto& k : keys) {
     in.expect(k);
