@@ -337,6 +337,9 @@ def main():
         w("")
         w("Large bf16-mixed with 2 threads is left out (the slowdown of part 3).")
         w("")
+        if ovf.get("note"):
+            w(f"Note: {ovf['note']}.")
+            w("")
     else:
         w("Not run (`docs/benchmarks/optim_vs_fabric.json` is missing).")
         w("")
