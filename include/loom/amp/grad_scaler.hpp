@@ -78,6 +78,7 @@ class GradScaler {
         init_growth_tracker_(other.init_growth_tracker_),
         scale_(clone(other.scale_)),
         growth_tracker_(clone(other.growth_tracker_)),
+        one_(clone(other.one_)),
         per_optimizer_(other.per_optimizer_) {
     for (auto& entry : per_optimizer_) {
       for (auto& found : entry.second.found_inf) found.second = clone(found.second);
@@ -348,8 +349,7 @@ class GradScaler {
   StepResult step_fused(optim::FusedOptimizer& optimizer) {
     std::optional<at::Tensor> grad_scale;
     if (state_of(optimizer).stage == Stage::Ready) {
-      auto one = at::full({}, 1.0, at::TensorOptions().dtype(c10::kFloat).device(scale_.device()));
-      auto found = unscale_grads(optimizer, one);
+      auto found = unscale_grads(optimizer, one_);  // inv_scale 1: check only
       state_of(optimizer).found_inf = std::move(found);
       grad_scale = scale_;
     }
@@ -385,6 +385,7 @@ class GradScaler {
                       at::TensorOptions().dtype(c10::kFloat).device(device));  // () f32
     growth_tracker_ = at::full({}, init_growth_tracker_,
                                at::TensorOptions().dtype(c10::kInt).device(device));  // () i32
+    one_ = at::full({}, 1.0, at::TensorOptions().dtype(c10::kFloat).device(device));  // () f32
   }
 
   void require_scale(const char* where) const {
@@ -457,6 +458,7 @@ class GradScaler {
   int64_t init_growth_tracker_ = 0;
   at::Tensor scale_;           // () f32, on the first scaled tensor's device
   at::Tensor growth_tracker_;  // () i32, same device
+  at::Tensor one_;             // () f32 1.0, same device: the fused step's check-only inv_scale
   std::vector<std::pair<const torch::optim::Optimizer*, OptimizerState>> per_optimizer_;
 };
 
