@@ -73,7 +73,7 @@ timeout "$(left)" "$cmake_bin" -S "$root" -B "$build" "${generator[@]}" -DCMAKE_
 say "- configured in ${SECONDS}s"
 
 # 3. Build only what the check runs.
-targets=(loom_gpu_tests loom_bench_prefetch_cuda)
+targets=(loom_gpu_tests loom_precision_tests loom_bench_prefetch_cuda)  # + optim.parity_cuda
 [ -f "$third/gloo/algorithm.h" ] && targets+=(loom_dist_worker)  # dist.cuda_nccl, dist.cuda_gloo
 timeout "$(left)" "$cmake_bin" --build "$build" --target "${targets[@]}" \
   -j "$jobs" >"$out/build.log" 2>&1 ||

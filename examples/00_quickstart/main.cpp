@@ -2,6 +2,7 @@
 //
 //   quickstart --data build/data/fashion-mnist [--device cpu] [--precision 32-true]
 //              [--epochs 1] [--max-steps N] [--batch-size 64] [--lr 1e-3]
+//              [--warmup-steps N]
 //              [--metrics metrics.csv [--log-every 10]]
 //
 // --device and --precision take Composer's and Lightning's names ("cuda", "bf16-mixed", ...):
@@ -9,11 +10,14 @@
 // compiled once per device x precision pair.
 // Prints the dtypes the model sees, then a progress bar (plain lines when stdout is not a
 // terminal), then the test accuracy; exits 1 if the model did not learn (accuracy below 70%).
+// --warmup-steps N > 0 schedules the lr: N steps of linear warm-up, then cosine annealing to 0
+// at the last step (loom::optim::WarmupCosineLR, which only counts the steps that applied).
 // --metrics writes a CSV (step,loss,lr,samples_per_s) that scripts/plot_metrics.py plots.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -43,7 +47,8 @@ struct Options {
   int64_t max_steps = -1;
   int64_t batch_size = 64;
   double lr = 1e-3;
-  std::string metrics;  // empty: no CSV
+  int64_t warmup_steps = 0;  // 0: a constant lr
+  std::string metrics;       // empty: no CSV
   int64_t log_every = 10;
 };
 
@@ -137,6 +142,14 @@ double train_and_evaluate(RT& rt, const Options& o) {
   examples::Progress progress(total_steps);
   MetricsLog metrics(o.metrics, o.log_every);
   auto lr = [&] { return opt.param_groups()[0].options().get_lr(); };
+  std::optional<loom::optim::WarmupCosineLR> schedule;
+  if (o.warmup_steps > 0) {
+    schedule.emplace(opt, loom::optim::WarmupCosineOptions{.warmup_steps = o.warmup_steps,
+                                                           .total_steps = total_steps,
+                                                           .warmup_start_factor = 0.1});
+    std::printf("lr schedule: warm-up over %lld steps from %g, then cosine to 0 at step %lld\n",
+                static_cast<long long>(o.warmup_steps), lr(), static_cast<long long>(total_steps));
+  }
   int64_t step = 0;
   for (int epoch = 0; epoch < o.epochs && step != o.max_steps; ++epoch) {
     model->train();
@@ -164,7 +177,8 @@ double train_and_evaluate(RT& rt, const Options& o) {
       auto loss = torch::nn::functional::cross_entropy(logits, batch.target);  // () f32
       // item() waits for the device; a long run on a GPU would read it only every few steps.
       double l = rt.backward(loss, model).template item<double>();
-      rt.optimizer_step(opt);
+      auto applied = rt.optimizer_step(opt);  // a StepResult: read only if someone asks
+      if (schedule) schedule->step(applied);  // advances only if the step was applied
       opt.zero_grad();
       ++step;
       progress.step(batch.data.size(0), l);
@@ -173,6 +187,7 @@ double train_and_evaluate(RT& rt, const Options& o) {
   }
   progress.finish();
   metrics.finish(step, lr());
+  if (schedule) std::printf("lr schedule: final lr %g\n", lr());
   if (!o.metrics.empty()) std::printf("metrics written to %s\n", o.metrics.c_str());
 
   model->eval();
@@ -204,6 +219,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-steps", o.max_steps, "stop after this many steps (-1: no limit)");
   app.add_option("--batch-size", o.batch_size)->check(CLI::PositiveNumber);
   app.add_option("--lr", o.lr, "Adam's learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--warmup-steps", o.warmup_steps,
+                 "linear warm-up steps, then cosine annealing (0: constant lr)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--metrics", o.metrics, "write step,loss,lr,samples_per_s rows to this CSV");
   app.add_option("--log-every", o.log_every, "steps per metrics row")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);

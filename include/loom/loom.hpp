@@ -29,6 +29,7 @@
 #include <loom/is_default.hpp>
 #include <loom/optim/adam.hpp>
 #include <loom/optim/fused.hpp>
+#include <loom/optim/lr_scheduler.hpp>
 #include <loom/optim/sgd.hpp>
 #include <loom/precision/cast.hpp>
 #include <loom/precision/defaults.hpp>

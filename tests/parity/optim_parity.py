@@ -6,7 +6,7 @@ steps), in f32 and in bf16, and writes the resolved options of every group, the 
 parameters, every gradient, and the final parameters and per-parameter state. Every number is
 written exactly (float.hex; bf16 values widen to f32 exactly), so the C++ side compares bitwise.
 
-Usage: python optim_parity.py OUTPUT_FILE
+Usage: python optim_parity.py OUTPUT_FILE [DEVICE]      (DEVICE: cpu, the default, or cuda)
 """
 
 import os
@@ -61,10 +61,12 @@ def option(value):
 
 
 def main():
-    out = ["loom-optim-parity 1", f"cases {len(CASES)}"]
+    device = torch.device(sys.argv[2] if len(sys.argv) > 2 else "cpu")
+    out = ["loom-optim-parity 1", f"device {device.type}", f"cases {len(CASES)}"]
     for n, (name, opt_name, dtype, groups) in enumerate(CASES):
         gen = torch.Generator().manual_seed(1000 + n)
-        params = [torch.randn(s, generator=gen).to(dtype).requires_grad_() for s in SHAPES]
+        params = [torch.randn(s, generator=gen).to(device, dtype).requires_grad_()
+                  for s in SHAPES]
         out.append(f"case {name} {opt_name} {'bf16' if dtype is BF16 else 'f32'}")
         for i, p in enumerate(params):
             out.append(f"param {i} {p.dim()} {' '.join(map(str, p.shape))} {hexes(p)}")
@@ -77,7 +79,7 @@ def main():
         for step in range(STEPS):
             opt.zero_grad(set_to_none=True)
             for i, p in enumerate(params):
-                g = torch.randn(p.shape, generator=gen).to(dtype)
+                g = torch.randn(p.shape, generator=gen).to(device, dtype)
                 if NO_GRAD.get(step) == i:
                     out.append(f"grad {step} {i} none")
                 else:
@@ -96,7 +98,8 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(sys.argv[1])), exist_ok=True)
     with open(sys.argv[1], "w") as f:
         f.write("\n".join(out) + "\n")
-    print(f"optim_parity: {len(CASES)} cases of {STEPS} steps written to {sys.argv[1]}")
+    print(f"optim_parity: {len(CASES)} cases of {STEPS} steps on {device.type} written to "
+          f"{sys.argv[1]}")
 
 
 if __name__ == "__main__":

@@ -56,10 +56,10 @@ inline at::Tensor make(const std::vector<double>& values, at::IntArrayRef shape,
   return t.to(dtype).reshape(shape).contiguous();
 }
 
-// How many elements differ in their bits.
+// How many elements differ in their bits (either may be on a device: compared on the host).
 inline int64_t bit_mismatches(const at::Tensor& actual, const at::Tensor& expected) {
-  auto a = actual.detach().contiguous();
-  auto e = expected.contiguous();
+  auto a = actual.detach().cpu().contiguous();
+  auto e = expected.detach().cpu().contiguous();
   REQUIRE(a.scalar_type() == e.scalar_type());
   REQUIRE(a.numel() == e.numel());
   const auto size = a.element_size();

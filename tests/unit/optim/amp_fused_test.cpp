@@ -1,6 +1,7 @@
 // 16-mixed with loom's fused optimizers: no host sync in the step (counted on the ops that
 // sync), skipping on inf/nan on the device, clipping, and the StepResult read once.
 #include "support/catch.hpp"
+#include "support/sync_counter.hpp"
 #include "support/warnings.hpp"
 
 #include <atomic>
@@ -10,7 +11,6 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <ATen/record_function.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 
@@ -18,45 +18,7 @@
 
 namespace {
 
-/// Counts the host reads of tensor values (`aten::item`, `aten::_local_scalar_dense`) that the
-/// code under test makes itself, in this thread, while alive: calls at the top level, not
-/// those inside another ATen op. (On the CPU the fused Adam kernel reads each parameter's step
-/// count, a CPU tensor, inside the kernel; that is not a wait for any device, and on CUDA the
-/// kernel reads the count on the device.)
-class SyncCounter {
- public:
-  SyncCounter() {
-    handle_ = at::addThreadLocalCallback(
-        at::RecordFunctionCallback(
-            [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
-              const std::string name = fn.name();
-              if (depth() == 0 && (name == "aten::item" || name == "aten::_local_scalar_dense")) {
-                ++count();
-              }
-              ++depth();
-              return nullptr;
-            },
-            [](const at::RecordFunction&, at::ObserverContext*) { --depth(); })
-            .scopes({at::RecordScope::FUNCTION}));
-    count() = 0;
-    depth() = 0;
-  }
-  ~SyncCounter() { at::removeCallback(handle_); }
-  SyncCounter(const SyncCounter&) = delete;
-  SyncCounter& operator=(const SyncCounter&) = delete;
-
-  static int& count() {
-    thread_local int n = 0;
-    return n;
-  }
-  static int& depth() {
-    thread_local int n = 0;
-    return n;
-  }
-
- private:
-  at::CallbackHandle handle_;
-};
+using loom::testing::SyncCounter;
 
 /// A runtime whose first scale (256) does not overflow fp16 for these small models.
 loom::Runtime<loom::Cpu, loom::Fp16Mixed> runtime() {

@@ -115,6 +115,8 @@ TEST_CASE("loom's fused optimizers match torch.optim's fused=True bitwise over 5
   Reader in(path);
   in.expect("loom-optim-parity");
   REQUIRE(in.integer() == 1);
+  in.expect("device");
+  const c10::Device device(in.word());  // where Python ran: cpu, or cuda (gpu-check)
   in.expect("cases");
   const auto cases = in.integer();
   int64_t compared = 0;
@@ -131,7 +133,7 @@ TEST_CASE("loom's fused optimizers match torch.optim's fused=True bitwise over 5
       std::vector<int64_t> shape(static_cast<std::size_t>(in.integer()));
       int64_t numel = 1;
       for (auto& d : shape) numel *= (d = in.integer());
-      params.push_back(make(in.numbers(numel), shape, dtype).requires_grad_());
+      params.push_back(make(in.numbers(numel), shape, dtype).to(device).requires_grad_());
     }
     const auto o0 = read_group(in, optimizer, 0);
     const auto o1 = read_group(in, optimizer, 1);
@@ -149,7 +151,7 @@ TEST_CASE("loom's fused optimizers match torch.optim's fused=True bitwise over 5
         if (first == "none") continue;
         auto values = std::vector<double>{std::strtod(first.c_str(), nullptr)};
         for (auto v : in.numbers(params[i].numel() - 1)) values.push_back(v);
-        params[i].mutable_grad() = make(values, params[i].sizes(), dtype).clone();
+        params[i].mutable_grad() = make(values, params[i].sizes(), dtype).to(device).clone();
       }
       opt->step();
     }
@@ -159,6 +161,7 @@ TEST_CASE("loom's fused optimizers match torch.optim's fused=True bitwise over 5
       in.expect("final");
       REQUIRE(in.integer() == static_cast<int64_t>(i));
       auto expected = make(in.numbers(params[i].numel()), params[i].sizes(), dtype);
+      CHECK(params[i].device() == device);
       CHECK(bit_mismatches(params[i], expected) == 0);
       ++compared;
       const int n_keys = optimizer == "SGD" ? 1 : 4;
@@ -176,12 +179,13 @@ TEST_CASE("loom's fused optimizers match torch.optim's fused=True bitwise over 5
         REQUIRE(mine.defined());
         auto values = in.numbers(std::stoll(count));
         auto theirs = make(values, mine.sizes(), mine.scalar_type());
+        CHECK(mine.device() == device);
         CHECK(bit_mismatches(mine, theirs) == 0);
         ++compared;
       }
     }
     in.expect("end");
   }
-  std::cout << "optim_parity: " << cases << " cases, " << compared
+  std::cout << "optim_parity: " << cases << " cases on " << device << ", " << compared
             << " tensors bitwise equal to torch.optim (fused=True)\n";
 }
