@@ -94,6 +94,7 @@ if [ "$fabric" = 1 ]; then
     "$py" "$LOOM_ROOT/benchmarks/fabric/optim_vs_fabric.py" \
       --loom-bin "$bin/fabric/loom_fabric_train" --out "$raw/optim_vs_fabric.json" \
       --threads 1,2 --reps 3
+    "$py" "$LOOM_ROOT/benchmarks/fabric/profile_step.py" >"$raw/optim_profile.md"
   else
     log "fabric: skipped (lightning is not installed; pass --install-lightning)"
   fi

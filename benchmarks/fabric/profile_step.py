@@ -85,7 +85,7 @@ def main():
                 # "Optimizer.step#SGD.step") have Python's own time as their self time.
                 cxx = {k: v for k, v in self_us.items() if k.startswith(CXX_PREFIXES)}
                 aten_us = sum(cxx.values())
-                print(f"\n### tiny, {precision}, {optimizer} (fused), 1 thread\n")
+                print(f"\n#### tiny, {precision}, {optimizer} (fused), 1 thread\n")
                 print(f"- Fabric step: {plain_us:.1f} us ({prof_us:.1f} us profiled); "
                       f"inside ATen ops and autograd nodes (self CPU, summed): {aten_us:.1f} us; "
                       f"Python around them: {prof_us - aten_us:.1f} us")
