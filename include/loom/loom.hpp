@@ -5,6 +5,7 @@
 #include <loom/amp/grad_scaler.hpp>
 #include <loom/batch/adapt.hpp>
 #include <loom/batch/walk.hpp>
+#include <loom/checkpoint/io.hpp>
 #include <loom/concepts/batch.hpp>
 #include <loom/concepts/checkpointable.hpp>
 #include <loom/concepts/device_policy.hpp>

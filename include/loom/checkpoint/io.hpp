@@ -1,0 +1,278 @@
+#pragma once
+// loom::checkpoint::save_value / load_value: one c10::IValue to and from a torch.save file.
+//
+// The file is LibTorch's zip container (caffe2::serialize::PyTorchStreamWriter/Reader, the one
+// torch.save uses) with loom's pickle inside (checkpoint/pickle.hpp): stock Python opens it
+// with torch.load(path) (weights_only=True, no allowlist), and loom opens what torch.save
+// wrote. Saving is atomic: a temporary file in the target's directory, fsync, rename, fsync of
+// the directory; an interrupted save leaves the previous file as it was.
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+#include <caffe2/serialize/inline_container.h>
+
+#include <loom/checkpoint/crc32.hpp>
+#include <loom/checkpoint/pickle.hpp>
+#include <loom/error.hpp>
+
+namespace loom::checkpoint {
+
+static_assert(std::endian::native == std::endian::little,
+              "loom::checkpoint writes and reads little-endian storages");
+
+namespace detail {
+
+inline std::string first_line(const char* what) {
+  std::string s(what);
+  const auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+inline void write_records(caffe2::serialize::PyTorchStreamWriter& writer,
+                          const c10::IValue& value) {
+  PickleWriter pickler;
+  const std::string pkl = pickler.pickle(value);
+  writer.writeRecord("data.pkl", pkl.data(), pkl.size());
+  writer.writeRecord(".format_version", "1", 1);
+  writer.writeRecord(".storage_alignment", "64", 2);
+  writer.writeRecord("byteorder", "little", 6);
+  for (const auto& s : pickler.storages()) {
+    writer.writeRecord("data/" + s.key, s.bytes.const_data_ptr(), s.bytes.nbytes());
+  }
+  writer.writeEndOfFile();
+}
+
+/// Reads the value of a torch.save file of `file_bytes` bytes (no storage can be larger),
+/// checking every record it reads against the CRC-32 in `crcs` (the central directory's).
+inline c10::IValue read_records(caffe2::serialize::PyTorchStreamReader& reader,
+                                std::optional<c10::Device> map_location, const std::string& what,
+                                int64_t file_bytes,
+                                const std::unordered_map<std::string, uint32_t>& crcs) {
+  auto check_crc = [&](const std::string& name, const void* data, std::size_t n) {
+    auto it = crcs.find(name);
+    if (it == crcs.end()) {
+      throw Error("loom::checkpoint: " + what + ": the record " + name +
+                  " is not in the zip's central directory");
+    }
+    // 0: not recorded (torch.save with compute_crc32 off), or an empty record.
+    if (it->second != 0 && crc32(data, n) != it->second) {
+      throw Error("loom::checkpoint: " + what + ": the record " + name +
+                  " is corrupted (its CRC-32 does not match the one written with it)");
+    }
+  };
+  if (reader.hasRecord("constants.pkl")) {
+    throw Error("loom::checkpoint: " + what +
+                " is a TorchScript archive (written by torch::save or torch.jit.save), not a "
+                "torch.save checkpoint");
+  }
+  if (!reader.hasRecord("data.pkl")) {
+    throw Error("loom::checkpoint: " + what +
+                " has no data.pkl: not a torch.save checkpoint, or one whose save did not finish");
+  }
+  if (reader.hasRecord("byteorder")) {
+    auto [ptr, n] = reader.getRecord("byteorder");
+    if (std::string_view(static_cast<const char*>(ptr.get()), n) != "little") {
+      throw Error("loom::checkpoint: " + what + " was written on a big-endian machine");
+    }
+  }
+  auto [pkl, size] = reader.getRecord("data.pkl");
+  check_crc("data.pkl", pkl.get(), size);
+  StorageLoader load = [&](const std::string& key, int64_t nbytes) {
+    const std::string name = "data/" + key;
+    if (!reader.hasRecord(name)) {
+      throw Error("loom::checkpoint: " + what + " lacks the storage record " + name);
+    }
+    if (nbytes > file_bytes || static_cast<int64_t>(reader.getRecordSize(name)) != nbytes) {
+      throw Error("loom::checkpoint: " + what + ": the storage record " + name + " holds " +
+                  std::to_string(reader.getRecordSize(name)) + " bytes, the pickle says " +
+                  std::to_string(nbytes));
+    }
+    auto bytes = at::empty({nbytes}, at::TensorOptions(at::kByte));
+    if (nbytes > 0) reader.getRecord(name, bytes.mutable_data_ptr(), static_cast<size_t>(nbytes));
+    check_crc(name, bytes.const_data_ptr(), static_cast<std::size_t>(nbytes));
+    return bytes;
+  };
+  PickleReader unpickler(std::string_view(static_cast<const char*>(pkl.get()), size), load,
+                         map_location);
+  return unpickler.read();
+}
+
+// Runs `f`, turning LibTorch's container errors (c10::Error) into loom::Errors about `what`.
+template <class F>
+decltype(auto) container_errors(const std::string& what, F&& f) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    throw Error("loom::checkpoint: " + what +
+                " is not a readable torch.save zip file (a legacy non-zip torch.save file, a "
+                "truncated or corrupted one, or no checkpoint at all): " +
+                first_line(e.what()));
+  }
+}
+
+/// Closes a file descriptor and removes a temporary file unless released.
+class TempFile {
+ public:
+  explicit TempFile(std::filesystem::path path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) {
+      throw Error("loom::checkpoint: cannot write " + path_.string() + ": " + std::strerror(errno));
+    }
+  }
+  ~TempFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!kept_) {
+      std::error_code ignored;
+      std::filesystem::remove(path_, ignored);
+    }
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+
+  /// Writes all of [data, data + n); on an error remembers errno and returns 0.
+  size_t write(const void* data, size_t n) {
+    const char* p = static_cast<const char*>(data);
+    size_t left = n;
+    while (left > 0) {
+      const auto w = ::write(fd_, p, left);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        error_ = errno ? errno : EIO;
+        return 0;
+      }
+      p += w;
+      left -= static_cast<size_t>(w);
+    }
+    return n;
+  }
+  int error() const noexcept { return error_; }
+  /// fsync and close; then the caller renames it and calls keep().
+  void sync_and_close() {
+    if (::fsync(fd_) != 0) {
+      throw Error("loom::checkpoint: fsync of " + path_.string() +
+                  " failed: " + std::strerror(errno));
+    }
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) {
+      throw Error("loom::checkpoint: closing " + path_.string() +
+                  " failed: " + std::strerror(errno));
+    }
+  }
+  void keep() noexcept { kept_ = true; }
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+  int error_ = 0;
+  bool kept_ = false;
+};
+
+inline void sync_directory(const std::filesystem::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;  // not every filesystem lets a directory be opened; the rename stands
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace detail
+
+/// Writes `value` to `path` as a torch.save file, atomically (see the file comment). Tensors
+/// on a device are copied to the host; their location ("cuda:0") is recorded as torch.save
+/// records it.
+inline void save_value(const std::filesystem::path& path, const c10::IValue& value) {
+  const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  const auto tmp = dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()));
+  detail::TempFile file(tmp);
+  try {
+    caffe2::serialize::PyTorchStreamWriter writer(
+        [&](const void* data, size_t n) { return file.write(data, n); });
+    detail::write_records(writer, value);
+  } catch (const c10::Error& e) {
+    throw Error("loom::checkpoint: writing " + path.string() + " failed" +
+                (file.error() ? std::string(": ") + std::strerror(file.error()) : "") + " (" +
+                detail::first_line(e.what()) + ")");
+  }
+  file.sync_and_close();
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    throw Error("loom::checkpoint: cannot rename " + tmp.string() + " to " + path.string() + ": " +
+                ec.message());
+  }
+  file.keep();
+  detail::sync_directory(dir);
+}
+
+/// The bytes of a torch.save file holding `value` (what save_value writes, in memory).
+inline std::string save_bytes(const c10::IValue& value) {
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
+    out.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  detail::write_records(writer, value);
+  return out;
+}
+
+/// Reads a torch.save file (loom's or Python's). Tensors come back on the CPU, or on
+/// `map_location`. A file that is not one, is truncated or corrupted, or needs a Python global
+/// loom does not load (anything that could run code) is a loom::Error saying which.
+inline c10::IValue load_value(const std::filesystem::path& path,
+                              std::optional<c10::Device> map_location = std::nullopt) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    throw Error("loom::checkpoint: no checkpoint file at " + path.string());
+  }
+  const auto what = path.string();
+  return detail::container_errors(what, [&] {
+    caffe2::serialize::PyTorchStreamReader reader(path.string());
+    const auto size = std::filesystem::file_size(path);
+    std::ifstream in(path, std::ios::binary);
+    const auto crcs = detail::zip_crcs(
+        [&](uint64_t offset, std::size_t n) {
+          std::string buf(n, '\0');
+          in.clear();
+          in.seekg(static_cast<std::streamoff>(offset));
+          in.read(buf.data(), static_cast<std::streamsize>(n));
+          buf.resize(static_cast<std::size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+          return buf;
+        },
+        size, what);
+    return detail::read_records(reader, map_location, what, static_cast<int64_t>(size), crcs);
+  });
+}
+
+/// load_value of the bytes of a torch.save file.
+inline c10::IValue load_bytes(const std::string& bytes,
+                              std::optional<c10::Device> map_location = std::nullopt) {
+  return detail::container_errors("the checkpoint", [&] {
+    std::istringstream in(bytes);
+    caffe2::serialize::PyTorchStreamReader reader(&in);
+    const auto crcs = detail::zip_crcs(
+        [&](uint64_t offset, std::size_t n) {
+          return offset >= bytes.size() ? std::string()
+                                        : bytes.substr(static_cast<std::size_t>(offset), n);
+        },
+        bytes.size(), "the checkpoint");
+    return detail::read_records(reader, map_location, "the checkpoint",
+                                static_cast<int64_t>(bytes.size()), crcs);
+  });
+}
+
+}  // namespace loom::checkpoint
