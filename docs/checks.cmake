@@ -357,6 +357,10 @@ elseif(CHECK STREQUAL "layering")
       if(h MATCHES "^loom/checkpoint/" AND NOT inc MATCHES "^loom/(checkpoint/|error\\.hpp)")
         fail("${h} includes ${inc}: checkpoint/ (the file layer) includes only checkpoint/ and error.hpp")
       endif()
+      if(h MATCHES "^loom/state/" AND
+         NOT inc MATCHES "^loom/(state/|optim/|detail/module\\.hpp|error\\.hpp|state_dict\\.hpp)")
+        fail("${h} includes ${inc}: state/ includes only state/, optim/, detail/module.hpp, error.hpp and state_dict.hpp")
+      endif()
       if(h MATCHES "^loom/detail/.*_rows\\.hpp$" AND
          inc MATCHES "^loom/(device|precision|amp|data|batch/walk)")
         fail("${h} includes ${inc}: the row lists sit below the policies")

@@ -4,7 +4,8 @@
 # through ctest (the tests labelled gpu need a GPU and are left out), once with GCC 12 in
 # $LOOM_BUILD_DIR (default build/) and once with Clang 14 in $LOOM_BUILD_DIR-clang, both with
 # -DLOOM_WERROR=ON and ccache. The Clang half leaves out the tests labelled packaging too (the
-# install modes other than find_package: they check CMake packaging, not the compiler).
+# install modes other than find_package: they check CMake packaging, not the compiler). Then
+# the checkpoint reader's fuzzer runs for 60 s (scripts/fuzz.sh).
 # Extra arguments go to both ctest runs (e.g. -L install).
 # Every step runs even when an earlier one fails; the last line sums them up, and the exit
 # status is 0 only when all passed.
@@ -48,6 +49,15 @@ suite() {
 
 suite gcc "${LOOM_GCC:-g++-12}" "$LOOM_BUILD_DIR" gpu "$@"
 suite clang "${LOOM_CLANG:-clang++-14}" "$LOOM_BUILD_DIR-clang" "gpu|packaging" "$@"
+
+# The checkpoint reader's fuzzer (scripts/fuzz.sh) in the Clang tree, LOOM_FUZZ_SECONDS (60).
+fuzz_log=$LOOM_BUILD_DIR-fuzz.log
+if bash "$LOOM_ROOT/scripts/fuzz.sh" "${LOOM_FUZZ_SECONDS:-60}" 2>&1 | tee "$fuzz_log"; then
+  summary+=("$(tail -n 1 "$fuzz_log" | sed 's/^\[loom\] //')")
+else
+  summary+=("fuzz FAILED")
+  status=1
+fi
 
 verdict=PASSED
 [ "$status" = 0 ] || verdict=FAILED

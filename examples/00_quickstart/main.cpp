@@ -4,6 +4,7 @@
 //              [--epochs 1] [--max-steps N] [--batch-size 64] [--lr 1e-3]
 //              [--warmup-steps N]
 //              [--metrics metrics.csv [--log-every 10]]
+//              [--checkpoint DIR [--checkpoint-every 100] [--resume]]
 //
 // --device and --precision take Composer's and Lightning's names ("cuda", "bf16-mixed", ...):
 // loom::with_runtime turns the two strings into a Runtime type, and train_and_evaluate is
@@ -13,14 +14,22 @@
 // --warmup-steps N > 0 schedules the lr: N steps of linear warm-up, then cosine annealing to 0
 // at the last step (loom::optim::WarmupCosineLR, which only counts the steps that applied).
 // --metrics writes a CSV (step,loss,lr,samples_per_s) that scripts/plot_metrics.py plots.
+// --checkpoint DIR saves the whole training state (model, optimizer, the runtime's RNG and
+// GradScaler, the lr schedule, the step) to DIR/last.pt every --checkpoint-every steps and at
+// the end, atomically; --resume loads DIR/last.pt first and continues from its step, mid-epoch
+// included: the same bits as a run that never stopped. The file is a torch.save file: Python
+// opens it with torch.load (docs/checkpoints.md).
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include <torch/data/dataloader.h>
 #include <torch/data/datasets/map.h>
@@ -50,6 +59,9 @@ struct Options {
   int64_t warmup_steps = 0;  // 0: a constant lr
   std::string metrics;       // empty: no CSV
   int64_t log_every = 10;
+  std::string checkpoint;  // empty: no checkpoints
+  int64_t checkpoint_every = 100;
+  bool resume = false;
 };
 
 /// The --metrics CSV: a row every `every` steps with the mean loss of those steps, the
@@ -104,6 +116,30 @@ torch::nn::Sequential make_model() {
                                torch::nn::ReLU(), torch::nn::Linear(256, 10));
 }
 
+/// The data loader's view of a loom::DistributedSampler that the checkpoint names. LibTorch's
+/// data loader owns its sampler and resets it when an epoch's iteration begins; this one
+/// forwards to `sampler`, and lets the first reset after a resume go by, so that the loaded
+/// epoch continues at its loaded position.
+class SamplerView : public torch::data::samplers::Sampler<> {
+ public:
+  SamplerView(loom::DistributedSampler& sampler, bool& resumed)
+      : sampler_(&sampler), resumed_(&resumed) {}
+  void reset(std::optional<std::size_t> size = std::nullopt) override {
+    if (*resumed_) {
+      *resumed_ = false;
+      return;
+    }
+    sampler_->reset(size);
+  }
+  std::optional<std::vector<std::size_t>> next(std::size_t n) override { return sampler_->next(n); }
+  void save(torch::serialize::OutputArchive& archive) const override { sampler_->save(archive); }
+  void load(torch::serialize::InputArchive& archive) override { sampler_->load(archive); }
+
+ private:
+  loom::DistributedSampler* sampler_;
+  bool* resumed_;
+};
+
 auto dataset(const std::string& root, torch::data::datasets::MNIST::Mode mode) {
   // Fashion-MNIST's pixel mean and standard deviation.
   return torch::data::datasets::MNIST(root, mode)
@@ -131,15 +167,19 @@ double train_and_evaluate(RT& rt, const Options& o) {
 
   auto train_set = dataset(o.data, Mode::kTrain);
   const auto n_train = *train_set.size();
-  auto train_loader = torch::data::make_data_loader(std::move(train_set),
-                                                    torch::data::DataLoaderOptions(o.batch_size));
+  // Shuffled by epoch from a seed of its own (no global RNG), with its epoch and position
+  // in the checkpoint: a resumed run sees the same batches as one that never stopped.
+  loom::DistributedSampler sampler(n_train, rt.strategy(), /*shuffle=*/true, /*seed=*/0);
+  bool resumed = false;
+  auto train_loader =
+      torch::data::make_data_loader(std::move(train_set), SamplerView(sampler, resumed),
+                                    torch::data::DataLoaderOptions(o.batch_size));
 
   std::printf("training an MLP on Fashion-MNIST (%zu images), %s on %s\n", n_train,
               std::string(RT::precision_name()).c_str(), std::string(rt.device().name()).c_str());
   const auto n_batches = static_cast<int64_t>((n_train + o.batch_size - 1) / o.batch_size);
   int64_t total_steps = o.epochs * n_batches;
   if (o.max_steps >= 0) total_steps = std::min(total_steps, o.max_steps);
-  examples::Progress progress(total_steps);
   MetricsLog metrics(o.metrics, o.log_every);
   auto lr = [&] { return opt.param_groups()[0].options().get_lr(); };
   std::optional<loom::optim::WarmupCosineLR> schedule;
@@ -151,10 +191,31 @@ double train_and_evaluate(RT& rt, const Options& o) {
                 static_cast<long long>(o.warmup_steps), lr(), static_cast<long long>(total_steps));
   }
   int64_t step = 0;
-  for (int epoch = 0; epoch < o.epochs && step != o.max_steps; ++epoch) {
+  // What a checkpoint holds, by name; rt.save writes it, rt.load restores it in place.
+  loom::State state{
+      {"model", model}, {"optimizer", opt}, {"runtime", rt}, {"sampler", sampler}, {"step", step}};
+  if (schedule) state.emplace_back("scheduler", *schedule);
+  const std::filesystem::path last = o.checkpoint.empty()
+                                         ? std::filesystem::path()
+                                         : std::filesystem::path(o.checkpoint) / "last.pt";
+  if (!last.empty()) std::filesystem::create_directories(last.parent_path());
+  if (o.resume) {
+    if (last.empty()) throw std::runtime_error("--resume needs --checkpoint DIR");
+    rt.load(last, state);
+    resumed = true;
+    std::printf("resumed from %s at step %lld\n", last.string().c_str(),
+                static_cast<long long>(step));
+  }
+  const int64_t start = step;
+  examples::Progress progress(total_steps - start);
+  auto save = [&] {
+    if (!last.empty()) rt.save(last, state);
+  };
+  for (auto epoch = static_cast<int>(sampler.epoch()); epoch < o.epochs && step != o.max_steps;
+       ++epoch) {
     model->train();
+    if (!resumed) sampler.set_epoch(static_cast<std::uint64_t>(epoch));
     for (auto& batch : rt.dataloader(*train_loader)) {
-      if (step == o.max_steps) break;
       at::Tensor logits;
       if (step == 0) {
         // What the precision does, observed: weights, the input and the activation inside
@@ -183,9 +244,16 @@ double train_and_evaluate(RT& rt, const Options& o) {
       ++step;
       progress.step(batch.data.size(0), l);
       metrics.step(step, l, batch.data.size(0), lr());
+      if (step % o.checkpoint_every == 0) save();
+      if (step == o.max_steps) break;  // before the loader fetches a batch it will not train on
     }
   }
   progress.finish();
+  if (!last.empty() && step != start) {
+    save();
+    std::printf("checkpoint: step %lld saved to %s\n", static_cast<long long>(step),
+                last.string().c_str());
+  }
   metrics.finish(step, lr());
   if (schedule) std::printf("lr schedule: final lr %g\n", lr());
   if (!o.metrics.empty()) std::printf("metrics written to %s\n", o.metrics.c_str());
@@ -224,6 +292,10 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--metrics", o.metrics, "write step,loss,lr,samples_per_s rows to this CSV");
   app.add_option("--log-every", o.log_every, "steps per metrics row")->check(CLI::PositiveNumber);
+  app.add_option("--checkpoint", o.checkpoint, "save the training state to DIR/last.pt");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--resume", o.resume, "continue from DIR/last.pt (needs --checkpoint DIR)");
   CLI11_PARSE(app, argc, argv);
 
   try {

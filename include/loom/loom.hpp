@@ -20,6 +20,7 @@
 #include <loom/device/loader.hpp>
 #include <loom/device/optimizer_state.hpp>
 #include <loom/device/prefetch.hpp>
+#include <loom/device/rng.hpp>
 #include <loom/device/select.hpp>
 #include <loom/dist/ddp.hpp>
 #include <loom/dist/defaults.hpp>
@@ -41,6 +42,11 @@
 #include <loom/precision/select.hpp>
 #include <loom/precision/uniform.hpp>
 #include <loom/runtime.hpp>
+#include <loom/seed.hpp>
 #include <loom/select.hpp>
+#include <loom/state/entry.hpp>
+#include <loom/state/module.hpp>
+#include <loom/state/optimizer.hpp>
+#include <loom/state/values.hpp>
 #include <loom/state_dict.hpp>
 #include <loom/version.hpp>

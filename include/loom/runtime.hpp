@@ -17,17 +17,24 @@
 //   clip      p.clip_gradients(opt, ...)                 unscales first         precision/
 //   9         applied = p.optimizer_step(opt)            may skip on inf/nan    precision/, amp/
 //   state     d, p, s state_dict (prefixed)              and load_state_dict    all three
+//   save      rt.save(path, state): every rank builds the value (device states gathered),
+//             rank 0 writes the file atomically, every rank waits     checkpoint/, state/
+//   load      rt.load(path, state): every rank reads, maps to its device, loads in place
 //   teardown  p.teardown -> s.teardown -> d.teardown     after the last step    all three
+#include <exception>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <loom/batch/walk.hpp>
+#include <loom/checkpoint/io.hpp>
 #include <loom/concepts/device_policy.hpp>
 #include <loom/concepts/precision_policy.hpp>
 #include <loom/concepts/strategy.hpp>
@@ -36,6 +43,8 @@
 #include <loom/detail/state_merge.hpp>
 #include <loom/dist/single_process.hpp>
 #include <loom/error.hpp>
+#include <loom/state/entry.hpp>
+#include <loom/state/values.hpp>
 #include <loom/state_dict.hpp>
 #include <loom/step_result.hpp>
 
@@ -214,6 +223,141 @@ class Runtime {
     strategy_.load_state_dict(parts[2]);
   }
 
+  /// This runtime's entry in a checkpoint (what {"runtime", rt} in a loom::State saves):
+  ///   {"precision": "16-mixed",
+  ///    "device": [each rank's device state: {"torch": CPU RNG, "torch.cuda": CUDA RNG}],
+  ///    "precision_state": {the GradScaler's five keys under 16-mixed, else empty},
+  ///    "strategy": {the strategy's state}}
+  /// Under Ddp every rank must call it: the device states are gathered from all ranks.
+  state::Dict checkpoint_state() {
+    state::Dict d = state::new_dict();
+    d.insert("precision", std::string(precision_name()));
+    d.insert("device", gather_device_states());
+    d.insert("precision_state", state::detail::to_dict(precision_.state_dict()));
+    d.insert("strategy", state::detail::to_dict(strategy_.state_dict()));
+    return d;
+  }
+
+  /// Restores checkpoint_state()'s value: this rank's device state, the precision's state and
+  /// the strategy's. Precision-specific state (the GradScaler) needs the precision it was
+  /// saved under: otherwise (or when it is missing) loom::Error when `strict`, else a warning
+  /// naming it and the state is dropped. A file from another world size: the same.
+  void load_checkpoint_state(const c10::IValue& value, bool strict) {
+    const std::string path = "runtime";
+    const state::Dict d = state::as_dict(value, path);
+    const auto name = state::at(d, "precision", path);
+    if (!name.isString()) state::fail(state::join(path, "precision"), "expected a string");
+    const std::string saved = name.toStringRef();
+    auto problem = [&](const std::string& where, const std::string& what) {
+      if (strict) state::fail(where, what);
+      TORCH_WARN("loom::load: '", where, "': ", what, "; not restored (strict=false)");
+    };
+    // Device: this rank's entry.
+    if (state::has(d, "device")) {
+      const auto ranks = state::as_sequence(state::at(d, "device", path), path + ".device");
+      const auto world = static_cast<std::size_t>(strategy_.world_size());
+      if (ranks.size() != world) {
+        problem(path + ".device", "the checkpoint holds the device states of " +
+                                      std::to_string(ranks.size()) + " rank(s), this run has " +
+                                      std::to_string(world));
+      } else {
+        const auto rank = static_cast<std::size_t>(strategy_.rank());
+        device_.load_state_dict(state::detail::from_dict(ranks[rank], path + ".device"));
+      }
+    }
+    // Precision: only under the same precision.
+    const StateDict mine = precision_.state_dict();
+    const StateDict theirs = state::has(d, "precision_state")
+                                 ? state::detail::from_dict(state::at(d, "precision_state", path),
+                                                            path + ".precision_state")
+                                 : StateDict{};
+    if (saved == precision_name()) {
+      precision_.load_state_dict(theirs);
+    } else if (!theirs.empty()) {
+      problem(path + ".precision_state",
+              "holds the state of precision \"" + saved + "\" (" + theirs.begin()->first +
+                  ", ...), which this runtime's \"" + std::string(precision_name()) +
+                  "\" cannot use; model and optimizer states load under any precision, "
+                  "precision-specific state only under its own");
+    } else if (!mine.empty()) {
+      problem(path + ".precision_state", "the checkpoint was saved under precision \"" + saved +
+                                             "\", which has no state; this runtime's \"" +
+                                             std::string(precision_name()) + "\" needs its own (" +
+                                             mine.begin()->first + ", ...)");
+    }
+    if (state::has(d, "strategy")) {
+      strategy_.load_state_dict(
+          state::detail::from_dict(state::at(d, "strategy", path), path + ".strategy"));
+    }
+  }
+
+  /// Writes `state` to `path` as a torch.save file that stock Python opens with
+  /// torch.load(path): {name: value} for every entry, in order (state/entry.hpp says what
+  /// each kind of object becomes). Atomic: the old file stays whole until the new one has
+  /// been written and synced. Call it on every rank: each builds its part (the runtime's
+  /// device states are gathered), rank 0 writes, every rank returns once the file is there;
+  /// a failed write throws loom::Error on every rank.
+  void save(const std::filesystem::path& path, const State& state) {
+    state::Dict d = state::new_dict();
+    for (const auto& e : state) {
+      if (state::has(d, e.name())) {
+        throw Error("loom::save: the state names '" + e.name() + "' twice");
+      }
+      d.insert(e.name(), e.save());
+    }
+    std::string failure;
+    if (strategy_.rank() == 0) {
+      try {
+        checkpoint::save_value(path, d);
+      } catch (const std::exception& ex) {
+        failure = ex.what();
+      }
+    }
+    if (strategy_.world_size() > 1) {
+      at::Tensor failed = device_.tensor_to_device(
+          at::full({1}, failure.empty() ? 0 : 1, at::TensorOptions().dtype(at::kInt)));
+      strategy_.all_reduce(failed, dist::ReduceOp::Max);
+      if (failure.empty() && failed.cpu().item<int>() != 0) {
+        throw Error("loom::save: rank 0 could not write " + path.string());
+      }
+    }
+    if (!failure.empty()) throw Error(failure);
+  }
+
+  /// Restores every entry of `state` in place from the file at `path` (loom's or Python's:
+  /// torch.save(model.state_dict()), fabric.save(...)), with tensors mapped to this runtime's
+  /// device, and returns what the file holds beyond `state`. With `strict` (the default) a
+  /// name missing from the file, and in a module a missing or unexpected key or a mismatched
+  /// shape, is a loom::Error naming the key; without it, missing names and keys are warned
+  /// about and skipped. Model and optimizer states load under any precision (cast to the
+  /// parameters' dtypes); see load_checkpoint_state for the precision's own. Every rank calls
+  /// it and reads the file.
+  StateDict load(const std::filesystem::path& path, const State& state, bool strict = true) {
+    const c10::IValue value = checkpoint::load_value(path, device_.device());
+    const state::Dict d = state::as_dict(value, path.string());
+    for (const auto& e : state) {
+      auto it = d.find(c10::IValue(e.name()));
+      if (it == d.end()) {
+        if (strict) {
+          throw Error("loom::load: '" + e.name() + "' is not in the checkpoint " + path.string() +
+                      " (strict=true)");
+        }
+        TORCH_WARN("loom::load: '", e.name(), "' is not in the checkpoint ", path.string(),
+                   "; left as it is (strict=false)");
+        continue;
+      }
+      e.load(it->value(), strict);
+    }
+    StateDict rest;
+    for (const auto& item : d) {
+      if (!item.key().isString()) continue;
+      bool named = false;
+      for (const auto& e : state) named = named || e.name() == item.key().toStringRef();
+      if (!named) rest.emplace(item.key().toStringRef(), item.value());
+    }
+    return rest;
+  }
+
   /// Releases what the policies hold, after the last step: the precision's, the strategy's
   /// (Ddp: a barrier, then the process group shuts down), then the device's (Cuda waits for
   /// its work and empties the allocator's cache).
@@ -224,6 +368,35 @@ class Runtime {
   }
 
  private:
+  /// Each rank's device state, in rank order (one process: its own). Tensors are gathered
+  /// with an all_reduce of a zero-filled (world, n) buffer each rank fills its row of.
+  c10::impl::GenericList gather_device_states() {
+    c10::impl::GenericList out(c10::AnyType::get());
+    const StateDict mine = device_.state_dict();
+    const int world = strategy_.world_size();
+    if (world <= 1) {
+      out.push_back(state::detail::to_dict(mine));
+      return out;
+    }
+    std::vector<StateDict> all(static_cast<std::size_t>(world));
+    for (const auto& [key, value] : mine) {
+      if (!value.isTensor()) {
+        for (auto& s : all) s.emplace(key, value);
+        continue;
+      }
+      const at::Tensor t = value.toTensor();
+      at::Tensor buf = device_.tensor_to_device(at::zeros({world, t.numel()}, t.options()));
+      buf[strategy_.rank()].copy_(t.reshape({-1}));
+      strategy_.all_reduce(buf, dist::ReduceOp::Sum);
+      const at::Tensor host = buf.cpu();
+      for (int r = 0; r < world; ++r) {
+        all[static_cast<std::size_t>(r)].emplace(key, host[r].reshape(t.sizes()).clone());
+      }
+    }
+    for (auto& s : all) out.push_back(state::detail::to_dict(s));
+    return out;
+  }
+
   [[no_unique_address]] Device device_;
   [[no_unique_address]] Precision precision_;
   [[no_unique_address]] Strategy strategy_;

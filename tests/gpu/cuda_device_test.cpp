@@ -3,6 +3,7 @@
 // Registered with label gpu only under LOOM_BUILD_GPU_TESTS; compiled everywhere.
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <thread>
@@ -19,9 +20,11 @@
 #include "support/env.hpp"
 #include "support/warnings.hpp"
 
+#include <loom/device/cpu.hpp>
 #include <loom/device/cuda.hpp>
 #include <loom/device/prefetch.hpp>
 #include <loom/device/select.hpp>
+#include <loom/optim/adam.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/precision/mixed.hpp>
 #include <loom/runtime.hpp>
@@ -207,8 +210,10 @@ TEST_CASE("the producer thread copies on a side stream, not the consumer's", "[g
 TEST_CASE("the CUDA RNG round-trips, and a wrong-size state only warns", "[gpu]") {
   Cuda cuda(0);
   auto state = cuda.state_dict();
-  REQUIRE(state.count("rng") == 1);
-  REQUIRE(state.at("rng").isTensor());
+  REQUIRE(state.count("torch.cuda") == 1);
+  REQUIRE(state.at("torch.cuda").isTensor());
+  REQUIRE(state.count("torch") == 1);  // the CPU generator too
+  CHECK(state.at("torch").toTensor().numel() == 5056);
   at::Tensor first = at::rand({8}, at::TensorOptions().device(cuda.device()));
   cuda.load_state_dict(state);
   at::Tensor again = at::rand({8}, at::TensorOptions().device(cuda.device()));
@@ -217,7 +222,7 @@ TEST_CASE("the CUDA RNG round-trips, and a wrong-size state only warns", "[gpu]"
   loom::testing::WarningCatcher collector;
   at::Tensor before = at::rand({4}, at::TensorOptions().device(cuda.device()));
   auto after_state = cuda.state_dict();
-  CHECK_NOTHROW(cuda.load_state_dict({{"rng", at::zeros({3}, at::kByte)}}));
+  CHECK_NOTHROW(cuda.load_state_dict({{"torch.cuda", at::zeros({3}, at::kByte)}}));
   REQUIRE(collector.messages.size() == 1);
   CHECK_THAT(collector.messages[0], Contains("RNG state was not restored"));
   CHECK_THROWS_WITH(cuda.load_state_dict({{"seed", at::zeros({3}, at::kByte)}}),
@@ -265,4 +270,43 @@ TEST_CASE("A Runtime on Cuda trains and keeps optimizer state on the device", "[
   }
   rt.device().synchronize();
   rt.device().teardown();
+}
+
+TEST_CASE("rt.load maps a CPU checkpoint onto CUDA and a CUDA one onto the CPU", "[gpu]") {
+  const auto dir = std::filesystem::temp_directory_path() / "loom_gpu_checkpoint";
+  std::filesystem::create_directories(dir);
+  auto train = [](auto& rt, torch::nn::Linear& m, torch::optim::Optimizer& opt) {
+    auto x = rt.to_device(at::ones({4, 3}));
+    rt.backward(rt.forward(m, x).pow(2).mean(), m);
+    rt.optimizer_step(opt);
+    opt.zero_grad();
+  };
+  loom::Runtime<loom::Cpu, loom::Fp32> cpu;
+  torch::nn::Linear m(3, 2);
+  loom::optim::Adam opt(m->parameters(), loom::optim::AdamOptions(1e-2));
+  cpu.setup(m, opt);
+  train(cpu, m, opt);
+  cpu.save(dir / "cpu.pt", {{"model", m}, {"optimizer", opt}, {"runtime", cpu}});
+
+  loom::Runtime<Cuda, loom::Fp32> gpu(Cuda(0));
+  torch::nn::Linear g(3, 2);
+  loom::optim::Adam gopt(g->parameters(), loom::optim::AdamOptions(1.0));
+  gpu.setup(g, gopt);
+  gpu.load(dir / "cpu.pt", {{"model", g}, {"optimizer", gopt}, {"runtime", gpu}});
+  CHECK(g->weight.is_cuda());
+  CHECK(g->weight.cpu().equal(m->weight));
+  const auto& s = static_cast<const loom::optim::AdamParamState&>(
+      *gopt.state().at(g->weight.unsafeGetTensorImpl()));
+  CHECK(s.exp_avg().is_cuda());
+  CHECK(s.step().is_cuda());  // Python's fused layout: the step on the parameter's device
+  train(gpu, g, gopt);
+  gpu.save(dir / "gpu.pt", {{"model", g}, {"optimizer", gopt}, {"runtime", gpu}});
+  const auto saved = loom::checkpoint::load_value(dir / "gpu.pt").toGenericDict();
+  const auto dev = saved.at("runtime").toGenericDict().at("device").toList().get(0);
+  CHECK(dev.toGenericDict().contains("torch.cuda"));  // both generators
+
+  cpu.load(dir / "gpu.pt", {{"model", m}, {"optimizer", opt}, {"runtime", cpu}});
+  CHECK(m->weight.is_cpu());
+  CHECK(m->weight.equal(g->weight.cpu()));
+  std::filesystem::remove_all(dir);
 }

@@ -13,6 +13,7 @@
 #include <torch/types.h>
 
 #include <loom/error.hpp>
+#include <loom/state_dict.hpp>
 
 namespace loom::data {
 
@@ -113,6 +114,36 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
                                    indices_.begin() + static_cast<std::ptrdiff_t>(end));
     position_ = end;
     return batch;
+  }
+
+  /// {"epoch": int, "position": int}: the epoch and how many of its indices were handed out
+  /// (what rt.save writes for {"sampler", sampler}).
+  StateDict state_dict() const {
+    return {{"epoch", c10::IValue(static_cast<std::int64_t>(epoch_))},
+            {"position", c10::IValue(static_cast<std::int64_t>(position_))}};
+  }
+
+  /// Restores state_dict(): redraws that epoch's indices, then resumes at the position.
+  /// Throws loom::Error on a missing or unknown key, or a negative value.
+  void load_state_dict(const StateDict& state) {
+    auto get = [&](const char* key) -> std::int64_t {
+      auto it = state.find(key);
+      if (it == state.end() || !it->second.isInt() || it->second.toInt() < 0) {
+        throw Error(std::string("loom::DistributedSampler::load_state_dict: '") + key +
+                    "' must be a non-negative integer");
+      }
+      return it->second.toInt();
+    };
+    for (const auto& entry : state) {
+      if (entry.first != "epoch" && entry.first != "position") {
+        throw Error("loom::DistributedSampler::load_state_dict: unexpected key '" + entry.first +
+                    "'");
+      }
+    }
+    const auto epoch = get("epoch"), position = get("position");
+    epoch_ = static_cast<std::uint64_t>(epoch);
+    reset(std::nullopt);
+    position_ = std::min(indices_.size(), static_cast<std::size_t>(position));
   }
 
   /// Saves the epoch and the position within it.

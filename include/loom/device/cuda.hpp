@@ -9,7 +9,6 @@
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/core/Device.h>
 #include <c10/core/DeviceType.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -21,6 +20,7 @@
 #include <loom/device/cuda_prefetch.hpp>
 #include <loom/device/defaults.hpp>
 #include <loom/device/prefetch.hpp>
+#include <loom/device/rng.hpp>
 #include <loom/error.hpp>
 #include <loom/state_dict.hpp>
 
@@ -121,38 +121,32 @@ class Cuda : public Defaults<Cuda> {
                                              prefetch);
   }
 
-  /// {"rng": this device's CUDA generator state (a uint8 tensor)}.
+  /// {"torch": the CPU generator's state, "torch.cuda": this device's CUDA generator's}, as
+  /// Python's torch.get_rng_state() and torch.cuda.get_rng_state(index) (uint8 tensors).
   StateDict state_dict() const {
-    at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(index_);
-    std::lock_guard lock(gen.mutex());
-    return {{"rng", gen.get_state()}};
+    return {{"torch", get_rng_state()}, {"torch.cuda", get_rng_state(device())}};
   }
 
-  /// Restores the generator state; a state of another size (another torch version's format)
-  /// is skipped with a warning, so that a checkpoint still loads.
+  /// Restores both generators (either may be absent: a state saved by loom::Cpu has no
+  /// "torch.cuda"); a state of another size (another torch version's format) is skipped with
+  /// a warning, so that a checkpoint still loads.
   void load_state_dict(const StateDict& state) {
     for (const auto& [key, value] : state) {
-      if (key != "rng") {
+      if (key != "torch" && key != "torch.cuda") {
         throw Error("loom::device::Cuda::load_state_dict: unexpected key '" + key +
-                    "'; the cuda device's state holds only 'rng'");
+                    "'; the cuda device's state holds 'torch' and 'torch.cuda'");
       }
       if (!value.isTensor()) {
-        throw Error("loom::device::Cuda::load_state_dict: 'rng' is not a tensor");
+        throw Error("loom::device::Cuda::load_state_dict: '" + key + "' is not a tensor");
       }
     }
-    auto rng = state.find("rng");
-    if (rng == state.end()) return;
-    at::Tensor saved = rng->second.toTensor();
-    at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(index_);
-    std::lock_guard lock(gen.mutex());
-    at::Tensor now = gen.get_state();
-    if (saved.scalar_type() != now.scalar_type() || saved.numel() != now.numel()) {
-      TORCH_WARN("loom::device::Cuda::load_state_dict: the saved CUDA RNG state has ",
-                 saved.numel(), " elements of ", saved.scalar_type(), ", this torch expects ",
-                 now.numel(), " of ", now.scalar_type(), "; the RNG state was not restored");
-      return;
+    const char* who = "loom::device::Cuda::load_state_dict";
+    if (auto it = state.find("torch"); it != state.end()) {
+      set_rng_state(it->second.toTensor(), c10::Device(c10::kCPU), who);
     }
-    gen.set_state(saved.cpu());
+    if (auto it = state.find("torch.cuda"); it != state.end()) {
+      set_rng_state(it->second.toTensor(), device(), who);
+    }
   }
 
   /// Waits for all work queued on this device.

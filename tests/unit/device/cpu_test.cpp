@@ -16,6 +16,7 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 #include "support/catch.hpp"
+#include "support/warnings.hpp"
 
 #include <loom/loom.hpp>
 
@@ -149,13 +150,30 @@ TEST_CASE("optimizer_to_device refuses unknown state types until registered", "[
   CHECK(static_cast<CustomState&>(*sgd.state()[key]).buffer.is_meta());
 }
 
-TEST_CASE("Cpu has no state and refuses to load one", "[device][cpu][state]") {
+TEST_CASE("Cpu's state is the CPU generator's, as torch.get_rng_state()", "[device][cpu][state]") {
   Cpu cpu;
-  CHECK(cpu.state_dict().empty());
+  at::manual_seed(7);
+  const auto state = cpu.state_dict();
+  REQUIRE(state.size() == 1);
+  const at::Tensor rng = state.at("torch").toTensor();
+  CHECK(rng.scalar_type() == at::kByte);
+  CHECK(rng.numel() == 5056);  // the mt19937 state and the normal cache, as Python's
+  const at::Tensor first = at::rand({16});
+  CHECK_FALSE(at::rand({16}).equal(first));
+  cpu.load_state_dict(state);
+  CHECK(at::rand({16}).equal(first));  // resumed where the state was taken
+  // The CUDA generator of a state saved by loom::Cuda has no meaning here: ignored.
+  CHECK_NOTHROW(cpu.load_state_dict({{"torch.cuda", at::zeros({16}, at::kByte)}}));
   CHECK_NOTHROW(cpu.load_state_dict({}));
+  loom::testing::WarningCatcher warnings;
+  CHECK_NOTHROW(cpu.load_state_dict({{"torch", at::zeros({3}, at::kByte)}}));
+  REQUIRE(warnings.messages.size() == 1);
+  CHECK_THAT(warnings.messages[0], Catch::Matchers::Contains("RNG state was not restored"));
   CHECK_THROWS_WITH(
       cpu.load_state_dict({{"rng", at::ones({1})}}),
       Catch::Matchers::Contains("cpu device has no state") && Catch::Matchers::Contains("rng"));
+  CHECK_THROWS_WITH(cpu.load_state_dict({{"torch", 1}}),
+                    Catch::Matchers::Contains("'torch' is not a tensor"));
 }
 
 TEST_CASE("dataloader_to_device yields every batch in order through prefetch_fn",

@@ -1,0 +1,99 @@
+"""Saving and loading a 100M-parameter training state: loom against Python, side by side.
+
+  python save_load_vs_python.py --loom-bin build-bench/benchmarks/checkpoint/loom_bench_checkpoint
+                                [--dir DIR] [--millions 100] [--reps 3] [--out FILE.json]
+
+The state is the same in both: LAYERS square Linear layers (f32, MILLIONS million parameters)
+and their Adam state after one step, 3 x 4 x MILLIONS MB. Each rep runs loom once (a fresh
+process: rt.save, then rt.load into the model and optimizer in place) and Python once in this
+process (torch.save({"model": sd, "optimizer": osd}), then torch.load + model.load_state_dict +
+optimizer.load_state_dict). Both write to DIR and read back what the page cache holds. loom's
+save includes the fsync of its atomic save; Python's torch.save does not fsync, so a
+Python+fsync time is measured too. Prints a table and writes the rows as JSON.
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import time
+
+import torch
+
+
+def python_rep(path, millions, layers):
+    width = int(math.sqrt(millions * 1e6 / layers))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    t0 = time.perf_counter()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
+    t1 = time.perf_counter()
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    t2 = time.perf_counter()
+    ck = torch.load(path)
+    model.load_state_dict(ck["model"])
+    opt.load_state_dict(ck["optimizer"])
+    t3 = time.perf_counter()
+    size = os.path.getsize(path)
+    os.remove(path)
+    return {"save_s": t1 - t0, "save_fsync_s": t2 - t0, "load_s": t3 - t2, "bytes": size}
+
+
+def loom_rep(binary, directory, millions, layers):
+    out = subprocess.run([binary, directory, str(millions), str(layers)], check=True,
+                         capture_output=True, text=True, env=dict(os.environ)).stdout
+    line = next(l for l in out.splitlines() if l.startswith("loom "))
+    fields = dict(kv.split("=") for kv in line.split()[1:])
+    return {"save_s": float(fields["save_s"]), "load_s": float(fields["load_s"]),
+            "bytes": int(fields["bytes"])}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loom-bin", required=True)
+    ap.add_argument("--dir", default="/tmp")
+    ap.add_argument("--millions", type=float, default=100)
+    ap.add_argument("--layers", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    loom, py = [], []
+    for rep in range(a.reps):
+        loom.append(loom_rep(a.loom_bin, a.dir, a.millions, a.layers))
+        py.append(python_rep(os.path.join(a.dir, "python_state.pt"), a.millions, a.layers))
+        print(f"rep {rep}: loom save {loom[-1]['save_s']:.3f} s load {loom[-1]['load_s']:.3f} s; "
+              f"python save {py[-1]['save_s']:.3f} s (+fsync {py[-1]['save_fsync_s']:.3f} s) "
+              f"load {py[-1]['load_s']:.3f} s", flush=True)
+    med = lambda rows, k: statistics.median(r[k] for r in rows)  # noqa: E731
+    result = {
+        "millions": a.millions, "layers": a.layers, "reps": a.reps, "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "loom": {"save_s": med(loom, "save_s"), "load_s": med(loom, "load_s"),
+                 "bytes": loom[0]["bytes"]},
+        "python": {"save_s": med(py, "save_s"), "save_fsync_s": med(py, "save_fsync_s"),
+                   "load_s": med(py, "load_s"), "bytes": py[0]["bytes"]},
+        "raw": {"loom": loom, "python": py},
+    }
+    L, P = result["loom"], result["python"]
+    print(f"\n| {a.millions:g}M params + Adam ({L['bytes'] / 1e9:.2f} GB) | loom | Python | "
+          f"Python / loom |\n|---|---|---|---|\n"
+          f"| save (loom: with fsync) | {L['save_s']:.3f} s | {P['save_s']:.3f} s "
+          f"(+fsync {P['save_fsync_s']:.3f} s) | {P['save_s'] / L['save_s']:.2f}x "
+          f"({P['save_fsync_s'] / L['save_s']:.2f}x with fsync) |\n"
+          f"| load into model + optimizer | {L['load_s']:.3f} s | {P['load_s']:.3f} s | "
+          f"{P['load_s'] / L['load_s']:.2f}x |")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+#pragma once
+// loom::State: what rt.save(path, state) writes and rt.load(path, state) restores in place,
+// as Fabric's `state` dict: names to references.
+//
+//   int64_t step = 0;
+//   loom::State state{{"model", model}, {"optimizer", opt}, {"runtime", rt},
+//                     {"scheduler", sched}, {"sampler", sampler}, {"step", step}};
+//   rt.save(dir / "last.pt", state);
+//   auto rest = rt.load(dir / "last.pt", state);   // what the file holds beyond `state`
+//
+// Each entry knows how to turn its object into a value of the file and back:
+//   modules (torch::nn::Module, a ModuleHolder, a shared_ptr)   state_dict() names -> tensors
+//   optimizers (SGD, Adam, AdamW; LibTorch's and loom::optim's) Python's optimizer layout
+//   anything with checkpoint_state() / load_checkpoint_state(v, strict) (loom::Runtime)
+//   anything with state_dict() / load_state_dict(...) (schedulers, samplers, GradScaler)
+//   at::Tensor (copied in place), bool, integers, floating point numbers, std::string,
+//   c10::IValue (any value the file can hold)
+#include <concepts>
+#include <functional>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/core/ivalue.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <loom/detail/module.hpp>
+#include <loom/error.hpp>
+#include <loom/state/module.hpp>
+#include <loom/state/optimizer.hpp>
+#include <loom/state/values.hpp>
+#include <loom/state_dict.hpp>
+
+namespace loom {
+
+namespace state::detail {
+
+template <class T>
+concept module_like = std::is_base_of_v<torch::nn::Module, T> || requires(T& m) {
+  { *m } -> std::convertible_to<torch::nn::Module&>;
+};
+
+template <class T>
+concept checkpoint_stateful = requires(T& x, const c10::IValue& v, bool strict) {
+  { x.checkpoint_state() } -> std::convertible_to<c10::IValue>;
+  x.load_checkpoint_state(v, strict);
+};
+
+template <class T>
+concept dict_stateful = requires(T& x, const StateDict& s) {
+  { x.state_dict() } -> std::convertible_to<StateDict>;
+  x.load_state_dict(s);
+};
+
+template <class T>
+concept value_stateful = requires(T& x, const c10::IValue& v) {
+  { x.state_dict() } -> std::convertible_to<c10::IValue>;
+  x.load_state_dict(v);
+};
+
+inline Dict to_dict(const StateDict& s) {
+  Dict d = new_dict();
+  for (const auto& [k, v] : s) d.insert(k, v);
+  return d;
+}
+
+inline StateDict from_dict(const c10::IValue& v, const std::string& path) {
+  StateDict out;
+  for (const auto& e : as_dict(v, path)) {
+    if (!e.key().isString()) fail(path, "has a key that is not a string");
+    out.emplace(e.key().toStringRef(), e.value());
+  }
+  return out;
+}
+
+inline void load_tensor(at::Tensor& t, const c10::IValue& v, const std::string& path) {
+  at::Tensor src = as_tensor(v, path);
+  if (!t.defined()) {
+    t = src;
+    return;
+  }
+  if (src.sizes() != t.sizes()) {
+    fail(path, "has shape " + shape_string(src.sizes()) + " in the checkpoint, " +
+                   shape_string(t.sizes()) + " here");
+  }
+  if (src.scalar_type() != t.scalar_type()) {
+    fail(path, "is " + std::string(c10::toString(src.scalar_type())) + " in the checkpoint, " +
+                   c10::toString(t.scalar_type()) + " here");
+  }
+  at::NoGradGuard no_grad;
+  t.copy_(src);
+}
+
+}  // namespace state::detail
+
+/// One named object of a State; see the top of this file for what it can refer to.
+class StateEntry {
+ public:
+  template <class T>
+  StateEntry(std::string name, T& object)  // NOLINT: implicit, for {{"model", model}, ...}
+      : name_(std::move(name)) {
+    using U = std::remove_const_t<T>;
+    [[maybe_unused]] constexpr bool writable = !std::is_const_v<T>;
+    U* mut = const_cast<U*>(&object);
+    [[maybe_unused]] const std::string& path = name_;
+    if constexpr (state::detail::module_like<U>) {
+      save_ = [mut] { return c10::IValue(state::module_state(loom::detail::as_module(*mut))); };
+      load_ = [mut, path](const c10::IValue& v, bool strict) {
+        state::load_module_state(loom::detail::as_module(*mut), v, path, strict);
+      };
+    } else if constexpr (std::is_base_of_v<torch::optim::Optimizer, U>) {
+      save_ = [mut, path] { return c10::IValue(state::optimizer_state(*mut, path)); };
+      load_ = [mut, path](const c10::IValue& v, bool) {
+        state::load_optimizer_state(*mut, v, path);
+      };
+    } else if constexpr (state::detail::checkpoint_stateful<U>) {
+      save_ = [mut] { return c10::IValue(mut->checkpoint_state()); };
+      load_ = [mut](const c10::IValue& v, bool strict) { mut->load_checkpoint_state(v, strict); };
+    } else if constexpr (state::detail::dict_stateful<U>) {
+      save_ = [mut] { return c10::IValue(state::detail::to_dict(mut->state_dict())); };
+      load_ = [mut, path](const c10::IValue& v, bool) {
+        mut->load_state_dict(state::detail::from_dict(v, path));
+      };
+    } else if constexpr (state::detail::value_stateful<U>) {
+      save_ = [mut] { return c10::IValue(mut->state_dict()); };
+      load_ = [mut](const c10::IValue& v, bool) { mut->load_state_dict(v); };
+    } else if constexpr (std::is_same_v<U, at::Tensor>) {
+      save_ = [mut] { return c10::IValue(mut->detach()); };
+      load_ = [mut, path](const c10::IValue& v, bool) {
+        state::detail::load_tensor(*mut, v, path);
+      };
+    } else if constexpr (std::is_same_v<U, bool>) {
+      save_ = [mut] { return c10::IValue(*mut); };
+      load_ = [mut, path](const c10::IValue& v, bool) { *mut = state::as_bool(v, path); };
+    } else if constexpr (std::is_integral_v<U>) {
+      save_ = [mut] { return c10::IValue(static_cast<int64_t>(*mut)); };
+      load_ = [mut, path](const c10::IValue& v, bool) {
+        const int64_t x = state::as_int(v, path);
+        if (static_cast<int64_t>(static_cast<U>(x)) != x || (std::is_unsigned_v<U> && x < 0)) {
+          state::fail(path, "the value " + std::to_string(x) + " does not fit this integer type");
+        }
+        *mut = static_cast<U>(x);
+      };
+    } else if constexpr (std::is_floating_point_v<U>) {
+      save_ = [mut] { return c10::IValue(static_cast<double>(*mut)); };
+      load_ = [mut, path](const c10::IValue& v, bool) {
+        *mut = static_cast<U>(state::as_double(v, path));
+      };
+    } else if constexpr (std::is_same_v<U, std::string>) {
+      save_ = [mut] { return c10::IValue(*mut); };
+      load_ = [mut, path](const c10::IValue& v, bool) {
+        if (!v.isString())
+          state::fail(path, "expected a string, the checkpoint holds a " + v.tagKind());
+        *mut = v.toStringRef();
+      };
+    } else if constexpr (std::is_same_v<U, c10::IValue>) {
+      save_ = [mut] { return *mut; };
+      load_ = [mut](const c10::IValue& v, bool) { *mut = v; };
+    } else {
+      static_assert(sizeof(U) == 0,
+                    "loom::State: this type cannot be checkpointed; an entry refers to a module, "
+                    "an optimizer, something with state_dict()/load_state_dict() or "
+                    "checkpoint_state()/load_checkpoint_state(), a tensor, a number, a string "
+                    "or a c10::IValue");
+    }
+    if constexpr (!writable) {
+      load_ = [path](const c10::IValue&, bool) {
+        throw Error("loom::load: '" + path + "' refers to a const object, which cannot be loaded");
+      };
+    }
+  }
+
+  const std::string& name() const noexcept { return name_; }
+  /// The object's value for the file.
+  c10::IValue save() const { return save_(); }
+  /// Restores the object from the file's value; throws loom::Error naming the key at fault.
+  void load(const c10::IValue& value, bool strict) const { load_(value, strict); }
+
+ private:
+  std::string name_;
+  std::function<c10::IValue()> save_;
+  std::function<void(const c10::IValue&, bool)> load_;
+};
+
+/// Names to the objects rt.save writes and rt.load restores; see the top of this file.
+using State = std::vector<StateEntry>;
+
+}  // namespace loom
