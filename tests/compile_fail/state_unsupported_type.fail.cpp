@@ -1,6 +1,6 @@
 // expect-error: loom::State: this type cannot be checkpointed; an entry refers to a module
-#include <vector>
 #include <loom/state/entry.hpp>
+#include <vector>
 #ifdef LOOM_FAIL
 using Saved = std::vector<float>;  // no state_dict(), not a tensor, module, number or string
 #else
