@@ -116,30 +116,6 @@ torch::nn::Sequential make_model() {
                                torch::nn::ReLU(), torch::nn::Linear(256, 10));
 }
 
-/// The data loader's view of a loom::DistributedSampler that the checkpoint names. LibTorch's
-/// data loader owns its sampler and resets it when an epoch's iteration begins; this one
-/// forwards to `sampler`, and lets the first reset after a resume go by, so that the loaded
-/// epoch continues at its loaded position.
-class SamplerView : public torch::data::samplers::Sampler<> {
- public:
-  SamplerView(loom::DistributedSampler& sampler, bool& resumed)
-      : sampler_(&sampler), resumed_(&resumed) {}
-  void reset(std::optional<std::size_t> size = std::nullopt) override {
-    if (*resumed_) {
-      *resumed_ = false;
-      return;
-    }
-    sampler_->reset(size);
-  }
-  std::optional<std::vector<std::size_t>> next(std::size_t n) override { return sampler_->next(n); }
-  void save(torch::serialize::OutputArchive& archive) const override { sampler_->save(archive); }
-  void load(torch::serialize::InputArchive& archive) override { sampler_->load(archive); }
-
- private:
-  loom::DistributedSampler* sampler_;
-  bool* resumed_;
-};
-
 auto dataset(const std::string& root, torch::data::datasets::MNIST::Mode mode) {
   // Fashion-MNIST's pixel mean and standard deviation.
   return torch::data::datasets::MNIST(root, mode)
@@ -170,10 +146,9 @@ double train_and_evaluate(RT& rt, const Options& o) {
   // Shuffled by epoch from a seed of its own (no global RNG), with its epoch and position
   // in the checkpoint: a resumed run sees the same batches as one that never stopped.
   loom::DistributedSampler sampler(n_train, rt.strategy(), /*shuffle=*/true, /*seed=*/0);
-  bool resumed = false;
-  auto train_loader =
-      torch::data::make_data_loader(std::move(train_set), SamplerView(sampler, resumed),
-                                    torch::data::DataLoaderOptions(o.batch_size));
+  // The loader draws from `sampler` itself (a loader owns the sampler it is given).
+  auto train_loader = torch::data::make_data_loader(std::move(train_set), loom::SamplerRef(sampler),
+                                                    torch::data::DataLoaderOptions(o.batch_size));
 
   std::printf("training an MLP on Fashion-MNIST (%zu images), %s on %s\n", n_train,
               std::string(RT::precision_name()).c_str(), std::string(rt.device().name()).c_str());
@@ -202,7 +177,6 @@ double train_and_evaluate(RT& rt, const Options& o) {
   if (o.resume) {
     if (last.empty()) throw std::runtime_error("--resume needs --checkpoint DIR");
     rt.load(last, state);
-    resumed = true;
     std::printf("resumed from %s at step %lld\n", last.string().c_str(),
                 static_cast<long long>(step));
   }
@@ -214,7 +188,8 @@ double train_and_evaluate(RT& rt, const Options& o) {
   for (auto epoch = static_cast<int>(sampler.epoch()); epoch < o.epochs && step != o.max_steps;
        ++epoch) {
     model->train();
-    if (!resumed) sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+    // After a resume, the loaded epoch's first reset keeps the sampler's loaded position.
+    sampler.set_epoch(static_cast<std::uint64_t>(epoch));
     for (auto& batch : rt.dataloader(*train_loader)) {
       at::Tensor logits;
       if (step == 0) {

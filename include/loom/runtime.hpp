@@ -294,10 +294,12 @@ class Runtime {
   /// Writes `state` to `path` as a torch.save file that stock Python opens with
   /// torch.load(path): {name: value} for every entry, in order (state/entry.hpp says what
   /// each kind of object becomes). Atomic: the old file stays whole until the new one has
-  /// been written and synced. Call it on every rank: each builds its part (the runtime's
+  /// been written and synced (`{.sync = false}` skips the fsyncs: see
+  /// checkpoint::SaveOptions). Call it on every rank: each builds its part (the runtime's
   /// device states are gathered), rank 0 writes, every rank returns once the file is there;
   /// a failed write throws loom::Error on every rank.
-  void save(const std::filesystem::path& path, const State& state) {
+  void save(const std::filesystem::path& path, const State& state,
+            checkpoint::SaveOptions options = {}) {
     state::Dict d = state::new_dict();
     for (const auto& e : state) {
       if (state::has(d, e.name())) {
@@ -308,7 +310,7 @@ class Runtime {
     std::string failure;
     if (strategy_.rank() == 0) {
       try {
-        checkpoint::save_value(path, d);
+        checkpoint::save_value(path, d, options);
       } catch (const std::exception& ex) {
         failure = ex.what();
       }

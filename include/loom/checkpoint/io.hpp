@@ -8,14 +8,18 @@
 // the directory; an interrupted save leaves the previous file as it was.
 #include <bit>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 
 #include <fcntl.h>
@@ -43,6 +47,103 @@ inline std::string first_line(const char* what) {
   return nl == std::string::npos ? s : s.substr(0, nl);
 }
 
+/// The first line of a LibTorch error's message, from what_without_backtrace(): what()
+/// symbolizes a stack trace, a cost otherwise paid on every refused file.
+inline std::string first_line(const c10::Error& e) {
+  return first_line(e.what_without_backtrace());
+}
+
+/// Checks records against their CRC-32s. A record of kDeferBytes or more is checked on a
+/// second thread while the next one is read; finish() waits for those checks and throws for
+/// the first mismatch, so no value is returned before all of its bytes are checked.
+class CrcChecks {
+ public:
+  static constexpr std::size_t kDeferBytes = std::size_t{1} << 20;
+
+  explicit CrcChecks(const std::string& what) : what_(what) {}
+  ~CrcChecks() { join(/*drop=*/true); }
+  CrcChecks(const CrcChecks&) = delete;
+  CrcChecks& operator=(const CrcChecks&) = delete;
+
+  /// Checks `bytes` (kept alive until checked) of record `name` against `expected` (0: none
+  /// recorded, or an empty record).
+  void check(const std::string& name, const at::Tensor& bytes, uint32_t expected) {
+    if (expected == 0) return;
+    const auto n = static_cast<std::size_t>(bytes.nbytes());
+    if (n >= kDeferBytes && start_worker()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      jobs_.push_back(Job{name, bytes, expected});
+      ready_.notify_one();
+      return;
+    }
+    if (crc32(bytes.const_data_ptr(), n) != expected) fail(name);
+  }
+  void check(const std::string& name, const void* data, std::size_t n, uint32_t expected) {
+    if (expected != 0 && crc32(data, n) != expected) fail(name);
+  }
+  /// Waits for the deferred checks; loom::Error naming the first record that failed.
+  void finish() {
+    join(/*drop=*/false);
+    if (!failed_.empty()) fail(failed_);
+  }
+
+ private:
+  struct Job {
+    std::string name;
+    at::Tensor bytes;
+    uint32_t expected;
+  };
+
+  [[noreturn]] void fail(const std::string& name) const {
+    throw Error("loom::checkpoint: " + what_ + ": the record " + name +
+                " is corrupted (its CRC-32 does not match the one written with it)");
+  }
+  bool start_worker() {
+    if (worker_.joinable()) return true;
+    if (std::thread::hardware_concurrency() < 2) return false;
+    try {
+      worker_ = std::thread([this] { run(); });
+    } catch (const std::system_error&) {
+      return false;  // no thread: check on this one
+    }
+    return true;
+  }
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      ready_.wait(lock, [&] { return !jobs_.empty() || closed_; });
+      if (jobs_.empty() || drop_) return;
+      Job job = std::move(jobs_.front());
+      jobs_.pop_front();
+      if (!failed_.empty()) continue;  // one mismatch is reported; the rest need no checking
+      lock.unlock();
+      const bool ok = crc32(job.bytes.const_data_ptr(),
+                            static_cast<std::size_t>(job.bytes.nbytes())) == job.expected;
+      lock.lock();
+      if (!ok && failed_.empty()) failed_ = job.name;
+    }
+  }
+  void join(bool drop) {
+    if (!worker_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      closed_ = true;
+      drop_ = drop;
+      ready_.notify_one();
+    }
+    worker_.join();
+  }
+
+  std::string what_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<Job> jobs_;
+  std::string failed_;
+  bool closed_ = false;
+  bool drop_ = false;
+  std::thread worker_;
+};
+
 inline void write_records(caffe2::serialize::PyTorchStreamWriter& writer,
                           const c10::IValue& value) {
   PickleWriter pickler;
@@ -63,18 +164,16 @@ inline c10::IValue read_records(caffe2::serialize::PyTorchStreamReader& reader,
                                 std::optional<c10::Device> map_location, const std::string& what,
                                 int64_t file_bytes,
                                 const std::unordered_map<std::string, uint32_t>& crcs) {
-  auto check_crc = [&](const std::string& name, const void* data, std::size_t n) {
+  // 0: not recorded (torch.save with compute_crc32 off), or an empty record.
+  auto expected_crc = [&](const std::string& name) {
     auto it = crcs.find(name);
     if (it == crcs.end()) {
       throw Error("loom::checkpoint: " + what + ": the record " + name +
                   " is not in the zip's central directory");
     }
-    // 0: not recorded (torch.save with compute_crc32 off), or an empty record.
-    if (it->second != 0 && crc32(data, n) != it->second) {
-      throw Error("loom::checkpoint: " + what + ": the record " + name +
-                  " is corrupted (its CRC-32 does not match the one written with it)");
-    }
+    return it->second;
   };
+  CrcChecks checks(what);
   if (reader.hasRecord("constants.pkl")) {
     throw Error("loom::checkpoint: " + what +
                 " is a TorchScript archive (written by torch::save or torch.jit.save), not a "
@@ -91,7 +190,7 @@ inline c10::IValue read_records(caffe2::serialize::PyTorchStreamReader& reader,
     }
   }
   auto [pkl, size] = reader.getRecord("data.pkl");
-  check_crc("data.pkl", pkl.get(), size);
+  checks.check("data.pkl", pkl.get(), size, expected_crc("data.pkl"));
   StorageLoader load = [&](const std::string& key, int64_t nbytes) {
     const std::string name = "data/" + key;
     if (!reader.hasRecord(name)) {
@@ -104,12 +203,14 @@ inline c10::IValue read_records(caffe2::serialize::PyTorchStreamReader& reader,
     }
     auto bytes = at::empty({nbytes}, at::TensorOptions(at::kByte));
     if (nbytes > 0) reader.getRecord(name, bytes.mutable_data_ptr(), static_cast<size_t>(nbytes));
-    check_crc(name, bytes.const_data_ptr(), static_cast<std::size_t>(nbytes));
+    checks.check(name, bytes, expected_crc(name));
     return bytes;
   };
   PickleReader unpickler(std::string_view(static_cast<const char*>(pkl.get()), size), load,
                          map_location);
-  return unpickler.read();
+  c10::IValue value = unpickler.read();
+  checks.finish();
+  return value;
 }
 
 // Runs `f`, turning LibTorch's container errors (c10::Error) into loom::Errors about `what`.
@@ -121,7 +222,7 @@ decltype(auto) container_errors(const std::string& what, F&& f) {
     throw Error("loom::checkpoint: " + what +
                 " is not a readable torch.save zip file (a legacy non-zip torch.save file, a "
                 "truncated or corrupted one, or no checkpoint at all): " +
-                first_line(e.what()));
+                first_line(e));
   }
 }
 
@@ -161,9 +262,9 @@ class TempFile {
     return n;
   }
   int error() const noexcept { return error_; }
-  /// fsync and close; then the caller renames it and calls keep().
-  void sync_and_close() {
-    if (::fsync(fd_) != 0) {
+  /// fsync (when `sync`) and close; then the caller renames it and calls keep().
+  void close(bool sync) {
+    if (sync && ::fsync(fd_) != 0) {
       throw Error("loom::checkpoint: fsync of " + path_.string() +
                   " failed: " + std::strerror(errno));
     }
@@ -192,10 +293,20 @@ inline void sync_directory(const std::filesystem::path& dir) {
 
 }  // namespace detail
 
+/// How save_value writes. Like torch.distributed.checkpoint's FileSystemWriter(sync_files=...).
+struct SaveOptions {
+  /// fsync the file before the rename and the directory after it (the default): the new
+  /// checkpoint, or else the old one, survives a power loss or an OS crash. false skips both;
+  /// the save is still atomic for a killed or crashing process (the rename publishes a whole
+  /// file), and takes what torch.save takes.
+  bool sync = true;
+};
+
 /// Writes `value` to `path` as a torch.save file, atomically (see the file comment). Tensors
 /// on a device are copied to the host; their location ("cuda:0") is recorded as torch.save
 /// records it.
-inline void save_value(const std::filesystem::path& path, const c10::IValue& value) {
+inline void save_value(const std::filesystem::path& path, const c10::IValue& value,
+                       SaveOptions options = {}) {
   const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   const auto tmp = dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()));
   detail::TempFile file(tmp);
@@ -206,9 +317,9 @@ inline void save_value(const std::filesystem::path& path, const c10::IValue& val
   } catch (const c10::Error& e) {
     throw Error("loom::checkpoint: writing " + path.string() + " failed" +
                 (file.error() ? std::string(": ") + std::strerror(file.error()) : "") + " (" +
-                detail::first_line(e.what()) + ")");
+                detail::first_line(e) + ")");
   }
-  file.sync_and_close();
+  file.close(options.sync);
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
@@ -216,7 +327,7 @@ inline void save_value(const std::filesystem::path& path, const c10::IValue& val
                 ec.message());
   }
   file.keep();
-  detail::sync_directory(dir);
+  if (options.sync) detail::sync_directory(dir);
 }
 
 /// The bytes of a torch.save file holding `value` (what save_value writes, in memory).

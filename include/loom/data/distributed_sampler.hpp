@@ -34,7 +34,11 @@ struct DistributedSamplerOptions {
 /// num_replicas (or, with drop_last, cut to one); then every num_replicas-th index from
 /// `rank` on. Every rank sees the same number of samples, so every rank runs the same
 /// number of steps. Call set_epoch(e) before each epoch, as in Python: the loader's reset()
-/// at the start of an iteration draws that epoch's permutation.
+/// at the start of an iteration draws that epoch's permutation. After load_state_dict (or
+/// load), the first reset() of the loaded epoch keeps the loaded position, so that a data
+/// loader, which resets its sampler when its iteration begins, continues mid-epoch. A
+/// LibTorch data loader owns its sampler: give it SamplerRef(sampler) to keep this one, the
+/// one a checkpoint names, in use.
 /// (LibTorch's DistributedRandomSampler seeds by the epoch alone, pads before shuffling and
 /// splits into contiguous blocks: it does not reproduce a Python run.)
 class DistributedSampler : public torch::data::samplers::Sampler<> {
@@ -80,6 +84,11 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
 
   /// Draws the current epoch's indices (and takes a new dataset size, if given).
   void reset(std::optional<std::size_t> new_size = std::nullopt) override {
+    if (resumed_epoch_ && *resumed_epoch_ == epoch_ && (!new_size || *new_size == size_)) {
+      resumed_epoch_.reset();  // the loaded position stands, once
+      return;
+    }
+    resumed_epoch_.reset();
     if (new_size) size_ = *new_size;
     position_ = 0;
     const auto n = static_cast<std::int64_t>(size_);
@@ -140,10 +149,7 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
                     "'");
       }
     }
-    const auto epoch = get("epoch"), position = get("position");
-    epoch_ = static_cast<std::uint64_t>(epoch);
-    reset(std::nullopt);
-    position_ = std::min(indices_.size(), static_cast<std::size_t>(position));
+    restore(get("epoch"), get("position"));
   }
 
   /// Saves the epoch and the position within it.
@@ -153,22 +159,56 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
                   /*is_buffer=*/true);
   }
 
-  /// Restores what save() wrote: redraws that epoch's indices, then resumes at the position.
+  /// Restores what save() wrote, as load_state_dict does.
   void load(torch::serialize::InputArchive& archive) override {
     torch::Tensor epoch, position;
     archive.read("epoch", epoch, /*is_buffer=*/true);
     archive.read("position", position, /*is_buffer=*/true);
-    epoch_ = static_cast<std::uint64_t>(epoch.item<std::int64_t>());
-    reset(std::nullopt);
-    position_ = std::min(indices_.size(), static_cast<std::size_t>(position.item<std::int64_t>()));
+    restore(epoch.item<std::int64_t>(), position.item<std::int64_t>());
   }
 
  private:
+  // Redraws `epoch`'s indices and resumes at `position`; the next reset() of that epoch
+  // keeps it.
+  void restore(std::int64_t epoch, std::int64_t position) {
+    if (epoch < 0 || position < 0) {
+      throw Error("loom::DistributedSampler: a saved epoch or position is negative");
+    }
+    epoch_ = static_cast<std::uint64_t>(epoch);
+    resumed_epoch_.reset();
+    reset(std::nullopt);
+    position_ = std::min(indices_.size(), static_cast<std::size_t>(position));
+    resumed_epoch_ = epoch_;
+  }
+
   std::size_t size_;
   DistributedSamplerOptions options_;
   std::uint64_t epoch_ = 0;
   std::vector<std::size_t> indices_;
   std::size_t position_ = 0;
+  std::optional<std::uint64_t> resumed_epoch_;  // set by restore() until the next reset()
+};
+
+/// A LibTorch sampler that forwards to `sampler`, which must outlive it: a data loader owns
+/// (a copy of) the sampler it is given, so
+///   make_data_loader(std::move(dataset), loom::SamplerRef(sampler), options)
+/// keeps `sampler` itself, the object a loom::State names, the one the loader draws from.
+template <class S>
+class SamplerRef : public torch::data::samplers::Sampler<typename S::BatchRequestType> {
+ public:
+  using BatchRequestType = typename S::BatchRequestType;
+  explicit SamplerRef(S& sampler) : sampler_(&sampler) {}
+  void reset(std::optional<std::size_t> new_size = std::nullopt) override {
+    sampler_->reset(new_size);
+  }
+  std::optional<BatchRequestType> next(std::size_t batch_size) override {
+    return sampler_->next(batch_size);
+  }
+  void save(torch::serialize::OutputArchive& archive) const override { sampler_->save(archive); }
+  void load(torch::serialize::InputArchive& archive) override { sampler_->load(archive); }
+
+ private:
+  S* sampler_;
 };
 
 }  // namespace loom::data
@@ -176,4 +216,5 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
 namespace loom {
 using data::DistributedSampler;
 using data::DistributedSamplerOptions;
+using data::SamplerRef;
 }  // namespace loom

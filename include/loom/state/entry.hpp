@@ -116,7 +116,7 @@ class StateEntry {
     } else if constexpr (std::is_base_of_v<torch::optim::Optimizer, U>) {
       save_ = [mut, path] { return c10::IValue(state::optimizer_state(*mut, path)); };
       load_ = [mut, path](const c10::IValue& v, bool) {
-        state::load_optimizer_state(*mut, v, path);
+        state::load_optimizer_state(*mut, v, path, /*adopt=*/true);
       };
     } else if constexpr (state::detail::checkpoint_stateful<U>) {
       save_ = [mut] { return c10::IValue(mut->checkpoint_state()); };
@@ -178,7 +178,8 @@ class StateEntry {
   const std::string& name() const noexcept { return name_; }
   /// The object's value for the file.
   c10::IValue save() const { return save_(); }
-  /// Restores the object from the file's value; throws loom::Error naming the key at fault.
+  /// Restores the object from the value rt.load just read from a file (an optimizer keeps
+  /// the value's tensors that need no cast); throws loom::Error naming the key at fault.
   void load(const c10::IValue& value, bool strict) const { load_(value, strict); }
 
  private:

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <tuple>
 #include <typeinfo>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -148,9 +149,13 @@ Dict save(const torch::optim::Optimizer& opt) {
   return out;
 }
 
-/// A state tensor of the checkpoint for parameter `p`: a copy on p's device, in p's dtype when
-/// both are floating point (Python's rule for every state but `step`).
-inline at::Tensor like_param(const at::Tensor& t, const at::Tensor& p, std::string_view path) {
+/// A state tensor of the checkpoint for parameter `p`: on p's device, in p's dtype when both
+/// are floating point (Python's rule for every state but `step`), laid out like p. With
+/// `adopt` (a state just read from a file) a tensor that already is all that and the only
+/// user of its storage is kept, as Python keeps it; anything else is copied, so no state
+/// tensor ever aliases another's or one still in use elsewhere.
+inline at::Tensor like_param(const at::Tensor& t, const at::Tensor& p, std::string_view path,
+                             bool adopt) {
   if (t.sizes() != p.sizes()) {
     fail(path,
          "has shape " + shape_string(t.sizes()) + ", its parameter " + shape_string(p.sizes()));
@@ -158,7 +163,12 @@ inline at::Tensor like_param(const at::Tensor& t, const at::Tensor& p, std::stri
   const auto dtype = at::isFloatingType(t.scalar_type()) && at::isFloatingType(p.scalar_type())
                          ? p.scalar_type()
                          : t.scalar_type();
-  return t.to(p.device(), dtype, /*non_blocking=*/false, /*copy=*/true);
+  if (adopt && t.device() == p.device() && t.scalar_type() == dtype && t.strides() == p.strides() &&
+      t.storage_offset() == 0 && t.storage().use_count() == 1 &&
+      t.storage().nbytes() == t.nbytes() && !t.requires_grad()) {
+    return t;
+  }
+  return at::empty_like(p, p.options().dtype(dtype)).copy_(t);
 }
 
 inline double step_value(const c10::IValue& v, std::string_view path) {
@@ -209,10 +219,11 @@ void load_options(typename K::options& o, const Dict& g, const std::string& path
 
 template <class K>
 std::unique_ptr<typename K::param_state> load_param(const Dict& d, const at::Tensor& p,
-                                                    bool amsgrad, const std::string& path) {
+                                                    bool amsgrad, bool adopt,
+                                                    const std::string& path) {
   auto s = std::make_unique<typename K::param_state>();
   auto tensor = [&](const char* key) {
-    return like_param(as_tensor(at(d, key, path), join(path, key)), p, join(path, key));
+    return like_param(as_tensor(at(d, key, path), join(path, key)), p, join(path, key), adopt);
   };
   if constexpr (K::family == Family::Sgd) {
     if (has(d, "momentum_buffer") && !at(d, "momentum_buffer", path).isNone()) {
@@ -233,7 +244,8 @@ std::unique_ptr<typename K::param_state> load_param(const Dict& d, const at::Ten
 }
 
 template <class K>
-void load(torch::optim::Optimizer& opt, const c10::IValue& value, const std::string& path) {
+void load(torch::optim::Optimizer& opt, const c10::IValue& value, const std::string& path,
+          bool adopt) {
   const Dict d = as_dict(value, path);
   const auto groups = as_sequence(at(d, "param_groups", path), join(path, "param_groups"));
   const Dict state = as_dict(at(d, "state", path), join(path, "state"));
@@ -246,7 +258,11 @@ void load(torch::optim::Optimizer& opt, const c10::IValue& value, const std::str
   // Check and decode everything first: a failure leaves the optimizer as it was.
   std::vector<std::unique_ptr<typename K::options>> options;
   std::vector<std::pair<at::TensorImpl*, std::unique_ptr<typename K::param_state>>> states;
-  std::vector<std::pair<int64_t, at::Tensor>> by_id;
+  struct Owner {
+    at::Tensor param;
+    std::size_t group;
+  };
+  std::unordered_map<int64_t, Owner> by_id;
   for (std::size_t i = 0; i < groups.size(); ++i) {
     const std::string gpath = join(join(path, "param_groups"), std::to_string(i));
     const Dict g = as_dict(groups[i], gpath);
@@ -262,7 +278,11 @@ void load(torch::optim::Optimizer& opt, const c10::IValue& value, const std::str
                                       std::to_string(own[i].params().size()));
     }
     for (std::size_t j = 0; j < ids.size(); ++j) {
-      by_id.emplace_back(as_int(ids[j], join(gpath, "params")), own[i].params()[j]);
+      const int64_t id = as_int(ids[j], join(gpath, "params"));
+      if (!by_id.emplace(id, Owner{own[i].params()[j], i}).second) {
+        fail(join(gpath, "params"), "names the parameter id " + std::to_string(id) +
+                                        " twice in the checkpoint's param_groups");
+      }
     }
     auto o = std::make_unique<typename K::options>(
         static_cast<const typename K::options&>(own[i].options()));
@@ -272,21 +292,15 @@ void load(torch::optim::Optimizer& opt, const c10::IValue& value, const std::str
   for (const auto& e : state) {
     const int64_t id = as_int(e.key(), join(path, "state"));
     const std::string spath = join(join(path, "state"), std::to_string(id));
-    const at::Tensor* param = nullptr;
-    std::size_t group = 0;
-    for (std::size_t k = 0, seen = 0; k < own.size(); ++k) {
-      for (std::size_t j = 0; j < own[k].params().size(); ++j, ++seen) {
-        if (by_id[seen].first == id) {
-          param = &by_id[seen].second;
-          group = k;
-        }
-      }
+    const auto owner = by_id.find(id);
+    if (owner == by_id.end()) {
+      fail(spath, "no parameter of the checkpoint's param_groups has this id");
     }
-    if (param == nullptr) fail(spath, "no parameter of the checkpoint's param_groups has this id");
+    const at::Tensor& param = owner->second.param;
     bool amsgrad = false;
-    if constexpr (K::family == Family::Adam) amsgrad = options[group]->amsgrad();
-    states.emplace_back(param->unsafeGetTensorImpl(),
-                        load_param<K>(as_dict(e.value(), spath), *param, amsgrad, spath));
+    if constexpr (K::family == Family::Adam) amsgrad = options[owner->second.group]->amsgrad();
+    states.emplace_back(param.unsafeGetTensorImpl(),
+                        load_param<K>(as_dict(e.value(), spath), param, amsgrad, adopt, spath));
   }
   for (std::size_t i = 0; i < own.size(); ++i) own[i].set_options(std::move(options[i]));
   opt.state().clear();
@@ -307,11 +321,15 @@ inline Dict optimizer_state(const torch::optim::Optimizer& optimizer,
 /// Python's load_state_dict does), each parameter's state is cast to its parameter's dtype
 /// and device. Throws loom::Error naming the key at fault (another optimizer's state, a group
 /// or parameter count that differs, a missing key, a shape mismatch, maximize=True for a
-/// LibTorch optimizer); then the optimizer is unchanged.
+/// LibTorch optimizer, a parameter id named twice); then the optimizer is unchanged.
+/// `adopt`: `state` was just read from a file and nothing else uses its tensors (what rt.load
+/// passes), so those already in place are kept rather than copied; with the default the
+/// optimizer's state tensors are always its own copies.
 inline void load_optimizer_state(torch::optim::Optimizer& optimizer, const c10::IValue& state,
-                                 const std::string& path = "optimizer") {
-  detail::visit_optimizer(optimizer, path,
-                          [&](auto kind) { detail::load<decltype(kind)>(optimizer, state, path); });
+                                 const std::string& path = "optimizer", bool adopt = false) {
+  detail::visit_optimizer(optimizer, path, [&](auto kind) {
+    detail::load<decltype(kind)>(optimizer, state, path, adopt);
+  });
 }
 
 }  // namespace loom::state

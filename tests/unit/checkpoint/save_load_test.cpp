@@ -1,6 +1,7 @@
 // rt.save / rt.load: a whole training state in place, strict key checks, precisions crossed,
 // RNG and seeds, the Python optimizer layout both ways.
 #include "support/catch.hpp"
+#include "support/same_value.hpp"
 #include "support/warnings.hpp"
 
 #include <unistd.h>
@@ -60,44 +61,6 @@ void train(RT& rt, torch::nn::Sequential& model, Opt& opt, int steps) {
     rt.optimizer_step(opt);
     opt.zero_grad();
   }
-}
-
-bool same(const c10::IValue& a, const c10::IValue& b);
-
-bool same_tensor(const at::Tensor& a, const at::Tensor& b) {
-  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
-         a.cpu().view(at::kByte).equal(b.cpu().view(at::kByte));
-}
-
-/// Bitwise equality of two checkpoint values (dicts, lists, tuples, tensors, scalars).
-bool same(const c10::IValue& a, const c10::IValue& b) {
-  if (a.isTensor() || b.isTensor()) {
-    if (!(a.isTensor() && b.isTensor())) return false;
-    auto x = a.toTensor(), y = b.toTensor();
-    if (x.dim() == 0) return same_tensor(x.reshape({1}), y.reshape({1}));
-    return same_tensor(x.contiguous(), y.contiguous());
-  }
-  if (a.isGenericDict()) {
-    if (!b.isGenericDict()) return false;
-    auto x = a.toGenericDict(), y = b.toGenericDict();
-    if (x.size() != y.size()) return false;
-    auto i = x.begin();
-    auto j = y.begin();
-    for (; i != x.end(); ++i, ++j) {
-      if (!(i->key() == j->key()) || !same(i->value(), j->value())) return false;
-    }
-    return true;
-  }
-  if (a.isList() || a.isTuple()) {
-    auto x = loom::state::as_sequence(a, "a"), y = loom::state::as_sequence(b, "b");
-    if (x.size() != y.size()) return false;
-    for (std::size_t i = 0; i < x.size(); ++i) {
-      if (!same(x[i], y[i])) return false;
-    }
-    return true;
-  }
-  if (a.isDouble() && b.isDouble()) return a.toDouble() == b.toDouble();
-  return a.tagKind() == b.tagKind() && a == b;
 }
 
 }  // namespace
@@ -193,7 +156,7 @@ TEST_CASE("rt.save then rt.load restores a 16-mixed training state bitwise in pl
   auto a = after.toGenericDict(), b = resumed.toGenericDict();
   for (const char* key : {"model", "optimizer", "runtime", "scheduler"}) {
     INFO(key);
-    CHECK(same(a.at(key), b.at(key)));
+    CHECK(loom::testing::difference(a.at(key), b.at(key)) == "");
   }
 }
 
@@ -349,7 +312,7 @@ TEST_CASE("LibTorch's optimizers save in Python's layout and load back", "[check
 
   torch::optim::Adam back(model->parameters(), torch::optim::AdamOptions(5.0));
   loom::state::load_optimizer_state(back, d);
-  CHECK(same(loom::state::optimizer_state(back), d));
+  CHECK(loom::testing::difference(loom::state::optimizer_state(back), d) == "");
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   CHECK_THROWS_WITH(loom::state::load_optimizer_state(sgd, d), Contains("holds Adam's options"));
 
@@ -358,6 +321,57 @@ TEST_CASE("LibTorch's optimizers save in Python's layout and load back", "[check
   CHECK_THROWS_WITH(loom::state::load_optimizer_state(back, maximize),
                     Contains("optimizer.param_groups.0.maximize") &&
                         Contains("LibTorch's optimizers have no maximize"));
+}
+
+TEST_CASE("a loaded optimizer keeps the file's tensors only when nothing else uses them",
+          "[checkpoint][state]") {
+  auto model = make_model();
+  loom::Runtime<loom::Cpu, loom::Fp32> rt;
+  loom::optim::Adam adam(model->parameters(), loom::optim::AdamOptions(1e-2));
+  rt.setup(model, adam);
+  train(rt, model, adam, 2);
+  const auto p0 = model->parameters()[0];
+  auto exp_avg = [](torch::optim::Optimizer& o, const at::Tensor& p) {
+    return static_cast<loom::optim::AdamParamState&>(*o.state().at(p.unsafeGetTensorImpl()))
+        .exp_avg();
+  };
+  // A state freshly read (its tensors owned by the dict alone): kept with adopt, copied without.
+  const auto fresh = loom::checkpoint::load_bytes(
+      loom::checkpoint::save_bytes(loom::state::optimizer_state(adam)));
+  const auto fresh_avg =
+      fresh.toGenericDict().at("state").toGenericDict().at(0).toGenericDict().at("exp_avg");
+  loom::optim::Adam a(model->parameters(), loom::optim::AdamOptions(1e-2));
+  loom::state::load_optimizer_state(a, fresh, "optimizer", /*adopt=*/true);
+  CHECK(exp_avg(a, p0).is_same(fresh_avg.toTensor()));
+  loom::optim::Adam b(model->parameters(), loom::optim::AdamOptions(1e-2));
+  loom::state::load_optimizer_state(b, fresh);
+  CHECK_FALSE(exp_avg(b, p0).is_alias_of(fresh_avg.toTensor()));
+  CHECK(exp_avg(b, p0).equal(exp_avg(adam, p0)));
+  // Another optimizer's live state is copied even with adopt: the two never share a tensor.
+  loom::optim::Adam c(model->parameters(), loom::optim::AdamOptions(1e-2));
+  loom::state::load_optimizer_state(c, loom::state::optimizer_state(adam), "optimizer", true);
+  CHECK_FALSE(exp_avg(c, p0).is_alias_of(exp_avg(adam, p0)));
+  // Two states sharing one storage in the file are split apart.
+  auto shared = loom::state::optimizer_state(adam);
+  auto s0 = shared.at("state").toGenericDict().at(0).toGenericDict();
+  const auto both = at::zeros({2, p0.numel()});
+  s0.insert_or_assign("exp_avg", both[0].view(p0.sizes()));
+  s0.insert_or_assign("exp_avg_sq", both[1].view(p0.sizes()));
+  const auto split = loom::checkpoint::load_bytes(loom::checkpoint::save_bytes(shared));
+  loom::optim::Adam e(model->parameters(), loom::optim::AdamOptions(1e-2));
+  loom::state::load_optimizer_state(e, split, "optimizer", true);
+  const auto& es =
+      static_cast<loom::optim::AdamParamState&>(*e.state().at(p0.unsafeGetTensorImpl()));
+  CHECK_FALSE(es.exp_avg().is_alias_of(es.exp_avg_sq()));
+  CHECK(es.exp_avg().is_contiguous());
+  // A parameter id named twice is an error naming where.
+  auto twice = loom::state::optimizer_state(adam);
+  auto ids = twice.at("param_groups").toList().get(0).toGenericDict();
+  ids.insert_or_assign("params", c10::List<int64_t>({0, 0, 2, 3, 4, 5}));
+  loom::optim::Adam f(model->parameters(), loom::optim::AdamOptions(1e-2));
+  CHECK_THROWS_WITH(
+      loom::state::load_optimizer_state(f, twice),
+      Contains("optimizer.param_groups.0.params") && Contains("names the parameter id 0 twice"));
 }
 
 TEST_CASE("seed_everything seeds the CPU generator, with an optional rank offset",
@@ -444,9 +458,9 @@ TEST_CASE("training crosses between Python and loom through checkpoints, bitwise
     const std::string stem = base + "." + name;
     const auto py_final = loom::checkpoint::load_value(stem + ".final.pt").toGenericDict();
     auto matches_python = [&](torch::nn::Sequential& m, torch::optim::Optimizer& opt) {
-      CHECK(same(loom::state::module_state(*m), py_final.at("model")));
-      CHECK(same(loom::state::optimizer_state(opt).at("state"),
-                 py_final.at("optimizer").toGenericDict().at("state")));
+      CHECK(loom::testing::difference(loom::state::module_state(*m), py_final.at("model")) == "");
+      CHECK(loom::testing::difference(loom::state::optimizer_state(opt).at("state"),
+                                      py_final.at("optimizer").toGenericDict().at("state")) == "");
     };
     // 1. From Python's initial weights (torch.save(model.state_dict()): a bare OrderedDict)
     //    all the way: Python's final state. Then loom's own step-K checkpoint for --check.

@@ -74,6 +74,55 @@ TEST_CASE("DistributedSampler feeds make_data_loader batches of its indices", "[
   CHECK(seen == std::vector<float>{1, 3, 8, 4});  // rank 1 of the first golden row
 }
 
+TEST_CASE("a data loader continues a loaded sampler mid-epoch through SamplerRef", "[data]") {
+  auto loader_over = [](loom::DistributedSampler& sampler) {
+    auto data = torch::arange(40, torch::kFloat).unsqueeze(1);
+    auto dataset = torch::data::datasets::TensorDataset(data).map(
+        torch::data::transforms::Stack<torch::data::TensorExample>());
+    return torch::data::make_data_loader(std::move(dataset), loom::SamplerRef(sampler),
+                                         torch::data::DataLoaderOptions(4));
+  };
+  auto rows = [](auto& loader, int batches) {
+    std::vector<float> seen;
+    for (auto& batch : *loader) {
+      for (std::int64_t i = 0; i < batch.data.size(0); ++i)
+        seen.push_back(batch.data[i][0].template item<float>());
+      if (--batches == 0) break;
+    }
+    return seen;
+  };
+  // Straight: epoch 2, all 20 of rank 1's samples in 5 batches.
+  loom::DistributedSampler straight(40, {2, 1, true, 3, false});
+  straight.set_epoch(2);
+  auto loader = loader_over(straight);
+  const auto all = rows(loader, -1);
+  REQUIRE(all.size() == 20);
+
+  // Stopped after 2 batches; the state the loader's sampler reached is the named one's.
+  loom::DistributedSampler first(40, {2, 1, true, 3, false});
+  first.set_epoch(2);
+  auto loader1 = loader_over(first);
+  const auto head = rows(loader1, 2);
+  CHECK(head == std::vector<float>(all.begin(), all.begin() + 8));
+  const auto saved = first.state_dict();
+  CHECK(saved.at("position").toInt() == 8);
+
+  // Resumed in a new sampler and loader: the loader's first reset keeps the position, so
+  // the epoch continues where it stopped; the next epoch starts from its beginning.
+  loom::DistributedSampler resumed(40, {2, 1, true, 3, false});
+  resumed.load_state_dict(saved);
+  auto loader2 = loader_over(resumed);
+  resumed.set_epoch(2);  // what a training loop does at the top of the epoch: keeps it
+  CHECK(rows(loader2, -1) == std::vector<float>(all.begin() + 8, all.end()));
+  resumed.set_epoch(2);
+  CHECK(rows(loader2, -1) == all);  // only the first reset after a load keeps the position
+  resumed.load_state_dict(saved);
+  resumed.set_epoch(3);  // another epoch than the loaded one: drawn afresh
+  resumed.reset();
+  CHECK(resumed.state_dict().at("position").toInt() == 0);
+  CHECK(resumed.epoch() == 3);
+}
+
 TEST_CASE("DistributedSampler reshuffles per epoch and the same on every call", "[data]") {
   loom::DistributedSampler s(10, {3, 0, true, 0, false});
   CHECK(s.indices() == Indices{4, 5, 0, 2});
