@@ -1,0 +1,102 @@
+#pragma once
+// loom::fp8::scaled_mm: a @ b^T with both operands cast to float8 on the fly, on
+// at::_scaled_mm (cuBLASLt on CUDA devices of compute capability 8.9 and up; an emulated,
+// numerically faithful and slow kernel on the CPU). The building block of fp8::linear and of
+// the "fp8-mixed" precision (docs/fp8.md).
+//
+// Each operand is scaled so that its largest magnitude (per tensor, or per row of the
+// contraction dimension) lands on the format's largest finite value, clamped, and cast;
+// _scaled_mm is given the inverse (dequantisation) scales in fp32. A non-finite value makes
+// its scale's whole output nan (never finite wrong numbers): the whole product for one scale
+// per tensor, the rows it is in for row-wise scales.
+#include <cstdint>
+
+#include <ATen/ATen.h>
+
+#include <loom/error.hpp>
+
+namespace loom::fp8 {
+
+/// How an operand's scale is chosen (both dynamic: from the tensor being cast, every call).
+enum class Scaling {
+  Tensorwise,  ///< one scale per tensor: max / amax (torchao's default recipe, cuBLAS)
+  Rowwise,     ///< one scale per row of the contraction dimension (torchao's ROWWISE, CUTLASS)
+};
+
+/// The largest finite value of an fp8 format: 448 for e4m3fn, 57344 for e5m2.
+inline double max_value(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::kFloat8_e4m3fn:
+      return 448.0;
+    case c10::kFloat8_e5m2:
+      return 57344.0;
+    default:
+      throw Error(std::string("loom::fp8: ") + c10::toString(dtype) +
+                  " is not an fp8 format loom casts to (float8_e4m3fn, float8_e5m2)");
+  }
+}
+
+/// The smallest amax a scale is computed from (torchao's EPS): an all-zero operand stays zero.
+inline constexpr double kAmaxFloor = 1e-12;
+
+/// An operand in fp8 and its dequantisation scale: the value is about data * inv_scale.
+struct Quantized {
+  at::Tensor data;       ///< fp8, contiguous, (rows, k)
+  at::Tensor inv_scale;  ///< fp32: 0-dim (Tensorwise) or (rows, 1) (Rowwise)
+};
+
+/// Casts the 2-D `t` (any floating dtype, any strides) to the fp8 `dtype`, with scales per
+/// tensor or per row (dimension 0; the rows run along the contraction dimension 1).
+inline Quantized quantize(const at::Tensor& t, c10::ScalarType dtype, Scaling scaling) {
+  if (t.dim() != 2) throw Error("loom::fp8::quantize: expected a matrix");
+  const double top = max_value(dtype);
+  const at::Tensor x = t.to(at::kFloat).contiguous();
+  const at::Tensor amax =
+      (scaling == Scaling::Tensorwise ? x.abs().amax() : x.abs().amax({1}, /*keepdim=*/true))
+          .clamp_min(kAmaxFloor);
+  const at::Tensor scale = at::reciprocal(amax).mul_(top);
+  return {x.mul(scale).clamp_(-top, top).to(dtype), at::reciprocal(scale)};
+}
+
+/// The recipe of one product.
+struct MatmulOptions {
+  c10::ScalarType a_dtype = c10::kFloat8_e4m3fn;
+  c10::ScalarType b_dtype = c10::kFloat8_e4m3fn;
+  Scaling scaling = Scaling::Tensorwise;
+  c10::ScalarType out_dtype = c10::kBFloat16;
+  bool fast_accum = false;  ///< cuBLASLt's fast accumulation (torchao: forward output only)
+};
+
+namespace detail {
+
+inline int64_t pad16(int64_t n) { return (16 - n % 16) % 16; }
+
+}  // namespace detail
+
+/// a @ b^T for a (m, k) and b (n, k), both cast to fp8 as `options` says; (m, n) in
+/// options.out_dtype. k and n are padded with zeros to multiples of 16 where they are not
+/// (cuBLASLt's rule; zeros change neither the product nor a scale).
+inline at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b,
+                            const MatmulOptions& options = {}) {
+  if (a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(1)) {
+    throw Error("loom::fp8::scaled_mm: expected a (m, k) and b (n, k)");
+  }
+  if (options.a_dtype == c10::kFloat8_e5m2 && options.b_dtype == c10::kFloat8_e5m2) {
+    throw Error("loom::fp8::scaled_mm: e5m2 x e5m2 is not a product _scaled_mm runs");
+  }
+  const int64_t n = b.size(0), pk = detail::pad16(a.size(1)), pn = detail::pad16(n);
+  const at::Tensor ap = pk ? at::constant_pad_nd(a, {0, pk}) : a;
+  const at::Tensor bp = (pk || pn) ? at::constant_pad_nd(b, {0, pk, 0, pn}) : b;
+  const Quantized qa = quantize(ap, options.a_dtype, options.scaling);
+  const Quantized qb = quantize(bp, options.b_dtype, options.scaling);
+  // _scaled_mm: a row-major, b column-major (the transpose of a contiguous (n, k)); row-wise
+  // scales (m, 1) and (1, n).
+  const at::Tensor scale_b =
+      options.scaling == Scaling::Rowwise ? qb.inv_scale.t().contiguous() : qb.inv_scale;
+  at::Tensor out = at::_scaled_mm(qa.data, qb.data.t(), qa.inv_scale, scale_b,
+                                  /*bias=*/std::nullopt, /*scale_result=*/std::nullopt,
+                                  options.out_dtype, options.fast_accum);
+  return pn ? out.narrow(1, 0, n) : out;
+}
+
+}  // namespace loom::fp8
