@@ -8,7 +8,10 @@ and their Adam state after one step, 3 x 4 x MILLIONS MB. Each rep runs loom onc
 process: rt.save with {.sync = false}, rt.save, then rt.load into the model and optimizer in
 place) and Python once in this process (torch.save({"model": sd, "optimizer": osd}), an
 fsync of the file, then torch.load + model.load_state_dict + optimizer.load_state_dict),
-the two in alternating order. Both write to DIR and read back what the page cache holds.
+the two in alternating order. Both time warm cycles: the loom process runs one untimed
+save/load first, and the Python process one untimed rep before the first (a process's first
+load of a large file is slower, in both). Both write to DIR and read back what the page
+cache holds.
 loom's default save fsyncs (its atomic, durable save) and is compared with Python's
 torch.save plus an fsync; loom's {.sync = false} save with plain torch.save. Prints a table
 and writes the rows as JSON.
@@ -68,6 +71,7 @@ def main():
     ap.add_argument("--out")
     a = ap.parse_args()
     loom, py = [], []
+    python_rep(os.path.join(a.dir, "python_state.pt"), a.millions, a.layers)  # warm-up
     for rep in range(a.reps):
         run_loom = lambda: loom.append(loom_rep(a.loom_bin, a.dir, a.millions, a.layers))  # noqa: E731
         run_py = lambda: py.append(  # noqa: E731
