@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with an NVIDIA GPU and a python that has torch (with CUDA), but no
 # OS packages and no network, configure loom against that torch, build the GPU tests and the
-# host-to-device prefetch benchmark, run them, and write a short report. About 8 minutes at most.
+# host-to-device prefetch and fp8 benchmarks, run them, and write a short report. About 8
+# minutes at most.
 #
 # Usage: scripts/gpu-check.sh [report-dir]        (default $OUT, else build-gpu-report)
 #   LOOM_THIRD_PARTY   packed headers (scripts/pack-gpu-deps.sh; default build-gpu-deps)
@@ -73,7 +74,7 @@ timeout "$(left)" "$cmake_bin" -S "$root" -B "$build" "${generator[@]}" -DCMAKE_
 say "- configured in ${SECONDS}s"
 
 # 3. Build only what the check runs.
-targets=(loom_gpu_tests loom_precision_tests loom_bench_prefetch_cuda)  # + optim.parity_cuda
+targets=(loom_gpu_tests loom_precision_tests loom_bench_prefetch_cuda loom_bench_fp8_mlp)  # + optim.parity_cuda
 [ -f "$third/gloo/algorithm.h" ] && targets+=(loom_dist_worker)  # dist.cuda_nccl, dist.cuda_gloo
 timeout "$(left)" "$cmake_bin" --build "$build" --target "${targets[@]}" \
   -j "$jobs" >"$out/build.log" 2>&1 ||
@@ -128,6 +129,33 @@ for case, target in (("h2d_bound", 0.85), ("compute_bound", 1.02)):
 print()
 print("This benchmark decides the Cuda prefetch default (docs/data-path.md); the check only reports.")
 sys.exit(0 if ok else 1)
+PY
+
+# 6. fp8: one MLP block's training step (8192 tokens, 4096 -> 16384 -> 4096), bf16 autocast
+#    against loom::fp8::linear, and both loss curves over 200 steps (docs/fp8.md).
+say ""
+say "## fp8 MLP block (loom_bench_fp8_mlp cuda 8192 4096 16384 200)"
+timeout "$(left)" "$build/benchmarks/loom_bench_fp8_mlp" cuda 8192 4096 16384 200 \
+  >"$out/fp8.txt" 2>&1 || status=1
+"$py" - "$out/fp8.txt" <<'PY' | tee -a "$report" || status=1
+import sys
+lines = open(sys.argv[1]).read().splitlines()
+if lines and lines[0].startswith("no fp8"):
+    print("\n- " + lines[0] + ": not run")
+    sys.exit(0)
+kv = {l.split()[0] + " " + l.split()[1]: l.split()[2] for l in lines if l.startswith(("bf16 ", "fp8 "))}
+if not kv:
+    print("\n" + "\n".join(lines[-5:]))
+    sys.exit(1)
+speedup = float(next(l.split()[1] for l in lines if l.startswith("speedup")))
+print(f"\nsteps/s: bf16 {float(kv['bf16 steps_per_s']):.2f}, fp8 {float(kv['fp8 steps_per_s']):.2f}; "
+      f"fp8 / bf16 = {speedup:.2f}x (target >= 1.5: {'PASS' if speedup >= 1.5 else 'FAIL'})\n")
+print("| step | loss bf16 | loss fp8 |\n|---:|---:|---:|")
+for l in lines:
+    if l.startswith("loss "):
+        _, step, a, b = l.split()
+        if int(step) % 50 == 0 or l == [x for x in lines if x.startswith("loss ")][-1]:
+            print(f"| {step} | {a} | {b} |")
 PY
 
 # ---- Optional: loom vs Lightning Fabric on CUDA (scripts/gpu-fabric-check.sh) ----------------
