@@ -1,6 +1,7 @@
-// One transformer-style MLP block's training step, bf16 autocast against fp8 (loom::fp8::linear
-// for both linear layers, the rest under bf16 autocast), side by side in one process: steps/s
-// and the loss curves over STEPS steps from the same weights and data (scripts/gpu-check.sh,
+// One transformer-style MLP block's training step under "bf16-mixed" against "fp8-mixed"
+// (loom::Runtime with loom::Bf16Mixed and loom::Fp8Mixed: the same torch::nn::Sequential,
+// whose two linear layers fp8-mixed converts), side by side in one process: steps/s and the
+// loss curves over STEPS steps from the same weights and data (scripts/gpu-check.sh,
 // docs/fp8.md).
 //
 //   loom_bench_fp8_mlp [device=cuda] [tokens=8192] [dim=4096] [hidden=16384] [steps=200]
@@ -21,42 +22,94 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
 
-#include <loom/amp/autocast.hpp>
-#include <loom/fp8/linear.hpp>
-#include <loom/optim/adam.hpp>
+#include <loom/loom.hpp>
 
 namespace {
 
-struct Block {
-  at::Tensor w1, b1, w2, b2;
-  std::vector<at::Tensor> params() const { return {w1, b1, w2, b2}; }
-};
-
-Block make_block(int64_t dim, int64_t hidden, const at::TensorOptions& o, uint64_t seed) {
+torch::nn::Sequential make_block(int64_t dim, int64_t hidden, uint64_t seed) {
   at::manual_seed(seed);
-  auto init = [&](int64_t out, int64_t in) {
-    return (at::randn({out, in}, o) / std::sqrt(static_cast<double>(in))).requires_grad_();
-  };
-  return {init(hidden, dim), at::zeros({hidden}, o).requires_grad_(), init(dim, hidden),
-          at::zeros({dim}, o).requires_grad_()};
+  return torch::nn::Sequential(torch::nn::Linear(dim, hidden), torch::nn::GELU(),
+                               torch::nn::Linear(hidden, dim));
 }
 
-at::Tensor forward(const Block& b, const at::Tensor& x, bool fp8, c10::DeviceType device) {
-  loom::amp::AutocastGuard autocast(device, at::kBFloat16);
-  if (fp8) {
-    auto h = at::gelu(loom::fp8::linear(x, b.w1, b.b1));
-    return loom::fp8::linear(h, b.w2, b.b2);
+// One precision's run: its own copy of the block (the same initial weights), optimizer and
+// runtime.
+template <class Device, class Precision>
+struct Run {
+  torch::nn::Sequential model;
+  std::unique_ptr<loom::optim::AdamW> opt;
+  loom::Runtime<Device, Precision> rt;
+
+  Run(int64_t dim, int64_t hidden) : model(make_block(dim, hidden, 2)) {
+    opt =
+        std::make_unique<loom::optim::AdamW>(model->parameters(), loom::optim::AdamWOptions(1e-3));
+    rt.setup(model, *opt);
   }
-  auto h = at::gelu(at::linear(x, b.w1, b.b1));
-  return at::linear(h, b.w2, b.b2);
-}
+  at::Tensor step(const at::Tensor& x, const at::Tensor& target) {
+    auto out = rt.forward(model, x);
+    auto loss = at::mse_loss(out, target);
+    rt.backward(loss, model);
+    rt.optimizer_step(*opt);
+    opt->zero_grad();
+    return loss.detach();
+  }
+};
 
 void sync(const at::Device& d) {
   if (d.is_cuda()) c10::cuda::device_synchronize();
+}
+
+template <class Device>
+int bench(int64_t tokens, int64_t dim, int64_t hidden, int steps) {
+  const at::Device device = Device().device();
+  const auto o = at::TensorOptions().device(device).dtype(at::kFloat);
+  at::manual_seed(0);
+  const auto x = at::randn({tokens, dim}, o);
+  at::Tensor target;
+  {
+    at::NoGradGuard no_grad;
+    auto teacher = make_block(dim, hidden, 1);
+    teacher->to(device);
+    target = teacher->forward(x);
+  }
+  using Bf16 = Run<Device, loom::Bf16Mixed>;
+  using Fp8 = Run<Device, loom::Fp8Mixed>;
+  auto time = [&](auto& run) {
+    for (int w = 0; w < 3; ++w) run.step(x, target);  // warm-up
+    sync(device);
+    const int timed = std::max(5, steps / 10);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int s = 0; s < timed; ++s) run.step(x, target);
+    sync(device);
+    return timed / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  double rate[2];
+  {
+    Bf16 a(dim, hidden);
+    rate[0] = time(a);
+  }
+  {
+    Fp8 b(dim, hidden);
+    rate[1] = time(b);
+  }
+  std::printf("bf16 steps_per_s %.3f\nfp8 steps_per_s %.3f\nspeedup %.3f\n", rate[0], rate[1],
+              rate[1] / rate[0]);
+  // Loss curves from the same start.
+  Bf16 a(dim, hidden);
+  Fp8 b(dim, hidden);
+  for (int s = 0; s < steps; ++s) {
+    const auto la = a.step(x, target), lb = b.step(x, target);
+    if (s % 10 == 0 || s == steps - 1) {
+      std::printf("loss %d %.6g %.6g\n", s, la.template item<double>(), lb.template item<double>());
+    }
+  }
+  return 0;
 }
 
 }  // namespace
@@ -78,57 +131,6 @@ int main(int argc, char** argv) {
       return 0;
     }
   }
-  const at::Device device(dev);
-  const auto o = at::TensorOptions().device(device).dtype(at::kFloat);
-  const auto x = at::randn({tokens, dim}, o).to(at::kBFloat16);
-  at::Tensor target;
-  {
-    at::NoGradGuard no_grad;
-    target = forward(make_block(dim, hidden, o, 1), x, false, device.type()).to(at::kFloat);
-  }
-  struct Run {
-    Block block;
-    std::unique_ptr<loom::optim::AdamW> opt;
-    bool fp8;
-  };
-  auto make_run = [&](bool fp8) {
-    Block b = make_block(dim, hidden, o, 2);
-    auto opt = std::make_unique<loom::optim::AdamW>(b.params(), loom::optim::AdamWOptions(1e-3));
-    return Run{b, std::move(opt), fp8};
-  };
-  std::vector<Run> runs;
-  runs.push_back(make_run(false));
-  runs.push_back(make_run(true));
-  auto step = [&](Run& r) {
-    auto out = forward(r.block, x, r.fp8, device.type());
-    auto loss = at::mse_loss(out.to(at::kFloat), target);
-    loss.backward();
-    r.opt->step();
-    r.opt->zero_grad();
-    return loss.detach();
-  };
-  // Throughput: warm-up, then timed steps, each precision in turn.
-  double rate[2] = {0, 0};
-  for (int i = 0; i < 2; ++i) {
-    for (int w = 0; w < 3; ++w) step(runs[i]);
-    sync(device);
-    const int timed = std::max(5, steps / 10);
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int s = 0; s < timed; ++s) step(runs[i]);
-    sync(device);
-    rate[i] = timed / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-  std::printf("bf16 steps_per_s %.3f\nfp8 steps_per_s %.3f\nspeedup %.3f\n", rate[0], rate[1],
-              rate[1] / rate[0]);
-  // Loss curves from the same start.
-  runs.clear();
-  runs.push_back(make_run(false));
-  runs.push_back(make_run(true));
-  for (int s = 0; s < steps; ++s) {
-    const auto a = step(runs[0]), b = step(runs[1]);
-    if (s % 10 == 0 || s == steps - 1) {
-      std::printf("loss %d %.6g %.6g\n", s, a.item<double>(), b.item<double>());
-    }
-  }
-  return 0;
+  return dev == "cuda" ? bench<loom::Cuda>(tokens, dim, hidden, steps)
+                       : bench<loom::Cpu>(tokens, dim, hidden, steps);
 }

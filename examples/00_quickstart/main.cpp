@@ -199,7 +199,8 @@ double train_and_evaluate(RT& rt, const Options& o) {
         logits = rt.forward(
             [&](const at::Tensor& x) {
               input = x.scalar_type();
-              auto h = model[1]->as<torch::nn::Linear>()->forward(x.flatten(1));  // (B, 256)
+              // The first Linear (under fp8-mixed a loom::fp8::Linear): (B, 256).
+              at::Tensor h = model->begin()[1].forward(x.flatten(1));
               hidden = h.scalar_type();
               return model->forward(x);
             },

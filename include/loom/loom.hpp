@@ -27,6 +27,10 @@
 #include <loom/dist/rank_zero.hpp>
 #include <loom/dist/single_process.hpp>
 #include <loom/error.hpp>
+#include <loom/fp8/delayed.hpp>
+#include <loom/fp8/linear.hpp>
+#include <loom/fp8/module.hpp>
+#include <loom/fp8/scaled_mm.hpp>
 #include <loom/guards.hpp>
 #include <loom/is_default.hpp>
 #include <loom/optim/adam.hpp>
@@ -37,6 +41,7 @@
 #include <loom/precision/defaults.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/precision/fp64.hpp>
+#include <loom/precision/fp8.hpp>
 #include <loom/precision/half.hpp>
 #include <loom/precision/mixed.hpp>
 #include <loom/precision/select.hpp>

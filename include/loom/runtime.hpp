@@ -2,6 +2,7 @@
 // loom::Runtime<Device, Precision, Strategy>: the order of a training step's hooks, nothing
 // else. This table and the one in docs/architecture.md are the same; change both together.
 //
+//   build     [p.bind_device(d.device())]                fp8-mixed: fp8 GPU     precision/
 //   setup     d.prepare -> p.convert_module -> d.module_to_device
 //             -> s.setup(module, d.device(), D::ddp_backend()) [-> d.optimizer_to_device]
 //   1         batch = rt.to_device(batch)                every tensor leaf      device/
@@ -15,12 +16,14 @@
 //                                                        gradients reduced      dist/, amp/
 //   unscale   p.unscale_gradients(opt)                   undo loss scaling      precision/, amp/
 //   clip      p.clip_gradients(opt, ...)                 unscales first         precision/
-//   9         applied = p.optimizer_step(opt)            may skip on inf/nan    precision/, amp/
+//   9         [s.all_reduce(p.amaxes_to_reduce(), Max)]  fp8 delayed scaling    dist/
+//             applied = p.optimizer_step(opt)            may skip on inf/nan    precision/, amp/
 //   state     d, p, s state_dict (prefixed)              and load_state_dict    all three
 //   save      rt.save(path, state): every rank builds the value (device states gathered),
 //             rank 0 writes the file atomically, every rank waits     checkpoint/, state/
 //   load      rt.load(path, state): every rank reads, maps to its device, loads in place
 //   teardown  p.teardown -> s.teardown -> d.teardown     after the last step    all three
+#include <concepts>
 #include <exception>
 #include <filesystem>
 #include <string>
@@ -30,6 +33,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -78,11 +82,13 @@ class Runtime {
   using precision_policy = Precision;
   using strategy_policy = Strategy;
 
-  Runtime() = default;
+  Runtime() { bind_device(); }
   explicit Runtime(Device device, Precision precision = Precision(), Strategy strategy = Strategy())
       : device_(std::move(device)),
         precision_(std::move(precision)),
-        strategy_(std::move(strategy)) {}
+        strategy_(std::move(strategy)) {
+    bind_device();
+  }
 
   /// The precision's Lightning name, e.g. "32-true".
   static constexpr std::string_view precision_name() { return Precision::precision(); }
@@ -171,6 +177,16 @@ class Runtime {
   /// gradients). Under 16-mixed with a loom::optim optimizer the answer stays on the device
   /// until read (StepResult): the step itself makes no host sync.
   StepResult optimizer_step(torch::optim::Optimizer& optimizer) {
+    if constexpr (requires {
+                    { precision_.amaxes_to_reduce() } -> std::same_as<at::Tensor>;
+                  }) {
+      // fp8-mixed's delayed scaling: every rank takes the largest amaxes, so all keep the
+      // same scales.
+      if (strategy_.world_size() > 1) {
+        at::Tensor amaxes = precision_.amaxes_to_reduce();
+        if (amaxes.defined()) strategy_.all_reduce(amaxes, dist::ReduceOp::Max);
+      }
+    }
     return precision_.optimizer_step(optimizer);
   }
 
@@ -370,6 +386,14 @@ class Runtime {
   }
 
  private:
+  // A precision that depends on the device (fp8-mixed: can this GPU run fp8 products?)
+  // learns it once, when the runtime is built.
+  void bind_device() {
+    if constexpr (requires(c10::Device d) { precision_.bind_device(d); }) {
+      precision_.bind_device(device_.device());
+    }
+  }
+
   /// Each rank's device state, in rank order (one process: its own). Tensors are gathered
   /// with an all_reduce of a zero-filled (world, n) buffer each rank fills its row of.
   c10::impl::GenericList gather_device_states() {

@@ -170,6 +170,12 @@ def case_scaler(worker, tmp):
     return f"2 ranks, 16-mixed, {t:.1f} s"
 
 
+def case_fp8(worker, tmp):
+    res, t = run_ranks(worker, "fp8", 2, 120, tmp)
+    expect(res, 0, "fp8: scales equal yes, input scale 224.000000")
+    return f"2 ranks, fp8-mixed delayed scaling, {t:.1f} s"
+
+
 def case_shapes(worker, tmp):
     res, t = run_ranks(worker, "shapes", 2, 120, tmp)
     expect(res, 3, "loom::Error: loom::Ddp: the ranks' models differ: rank 1's 4 parameters do "
@@ -260,6 +266,7 @@ def case_cuda(worker, tmp, backend, world):
 CASES = {
     "train": case_train, "torchrun": case_torchrun, "nnodes": case_nnodes,
     "collectives": case_collectives, "no_sync": case_no_sync, "scaler": case_scaler,
+    "fp8": case_fp8,
     "shapes": case_shapes, "unused": case_unused, "env": case_env, "port": case_port,
     "kill": lambda w, t: case_fault(w, t, "kill"), "stop": lambda w, t: case_fault(w, t, "stop"),
     "parity": case_parity,

@@ -3,7 +3,7 @@
 //
 //   loom_dist_worker <mode> [key=value ...]
 //
-// Modes: train, collectives, no_sync, scaler, fault, shapes, unused, parity, cuda (a GPU:
+// Modes: train, collectives, no_sync, scaler, fp8, fault, shapes, unused, parity, cuda (a GPU:
 // backend=nccl|gloo, gpu=<index>). Every rank prints
 // "rank R/W: ..." lines; a loom::Error ends the rank with exit code 3 after printing
 // "rank R/W: loom::Error: <what>".
@@ -225,6 +225,38 @@ int run_scaler() {
   return same && skipped_together ? 0 : 1;
 }
 
+// fp8-mixed with delayed scaling: each rank sees inputs of its own magnitude; the amaxes are
+// all-reduced (MAX) before every step, so the scales (and then the weights) stay equal, and
+// the input's scale is the one of the largest rank's input.
+int run_fp8() {
+  loom::fp8::LinearRecipe recipe;
+  recipe.scaling = loom::fp8::Scaling::Delayed;
+  recipe.delayed.history_len = 4;
+  loom::Runtime<loom::Cpu, loom::Fp8Mixed, loom::Ddp> rt(loom::Cpu{}, loom::Fp8Mixed(recipe));
+  torch::manual_seed(3);
+  auto model = mlp(16, 32, 16);
+  torch::optim::SGD opt(model->parameters(), 0.01);
+  rt.setup(model, opt);
+  auto& s = rt.strategy();
+  bool same = true;
+  for (int step = 0; step < 5; ++step) {
+    torch::manual_seed(50 * step + s.rank());
+    auto x = torch::rand({8, 16}) * (s.rank() + 1);  // rank 1's inputs are twice as large
+    x[0][0] = s.rank() + 1.0;                        // each rank's amax, exactly
+    opt.zero_grad();
+    rt.backward(torch::nn::functional::mse_loss(rt.forward(model, x), torch::zeros({8, 16})),
+                model);
+    rt.optimizer_step(opt);
+    same = same && same_on_all_ranks(s, rt.precision().delayed_state()->scale.clone());
+  }
+  const double input_scale = rt.precision().delayed_state()->scale[0][0].item<double>();
+  say(std::string("fp8: scales equal ") + (same ? "yes" : "NO") + ", input scale " +
+      std::to_string(input_scale));
+  same = same && same_on_all_ranks(s, flat_params(*model));
+  rt.teardown();
+  return same && input_scale == 448.0 / s.world_size() ? 0 : 1;
+}
+
 int run_shapes() {
   loom::Runtime<loom::Cpu, loom::Fp32, loom::Ddp> rt;
   auto& s = rt.strategy();
@@ -383,6 +415,7 @@ int main(int argc, char** argv) {
     if (mode == "collectives") return run_collectives();
     if (mode == "no_sync") return run_no_sync();
     if (mode == "scaler") return run_scaler();
+    if (mode == "fp8") return run_fp8();
     if (mode == "shapes") return run_shapes();
     if (mode == "unused") return run_unused();
     if (mode == "parity") return run_parity();

@@ -41,7 +41,7 @@ namespace loom {
 /// convert_* see one tensor at a time; batch/walk.hpp applies them to nested batches.
 /// Laws: conversions keep shape and device; non-floating tensors come back unchanged; a
 /// context restores on exit (exceptions included) what it changed on entry.
-/// Models: precision::Fp32, Fp64, Fp16True, Bf16True, Fp16Mixed, Bf16Mixed.
+/// Models: precision::Fp32, Fp64, Fp16True, Bf16True, Fp16Mixed, Bf16Mixed, Fp8Mixed.
 /// Page: docs/concepts/precision_policy.md
 template <class P>
 concept PrecisionPolicy =

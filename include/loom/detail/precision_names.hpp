@@ -6,8 +6,9 @@
 #include <string_view>
 
 /// The names loom accepts, canonical ones first, as one string literal.
-#define LOOM_DETAIL_PRECISION_NAMES                                                     \
-  "\"32-true\", \"64-true\", \"16-true\", \"bf16-true\", \"16-mixed\", \"bf16-mixed\" " \
+#define LOOM_DETAIL_PRECISION_NAMES                                                      \
+  "\"32-true\", \"64-true\", \"16-true\", \"bf16-true\", \"16-mixed\", \"bf16-mixed\", " \
+  "\"fp8-mixed\" "                                                                       \
   "(aliases: 32, \"32\", 64, \"64\", 16, \"16\", \"bf16\")"
 
 namespace loom::detail {

@@ -5,6 +5,7 @@
 #include <loom/detail/precision_names.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/precision/fp64.hpp>
+#include <loom/precision/fp8.hpp>
 #include <loom/precision/half.hpp>
 #include <loom/precision/mixed.hpp>
 
@@ -14,7 +15,8 @@ namespace loom::detail {
 template <PrecisionName S>
 struct select_precision {
   static_assert(S.view().substr(0, 18) != "transformer-engine",
-                "loom::precision_t: \"transformer-engine\" precision is not supported by loom");
+                "loom::precision_t: \"transformer-engine\" precision is not supported by loom; "
+                "its native alternative is \"fp8-mixed\"");
   static_assert(
       S.view().substr(0, 18) == "transformer-engine",
       "loom::precision_t<Name>: unknown precision name. Allowed: " LOOM_DETAIL_PRECISION_NAMES);
@@ -50,6 +52,10 @@ struct select_precision<"16-mixed"> {
 template <>
 struct select_precision<"bf16-mixed"> {
   using type = precision::Bf16Mixed;
+};
+template <>
+struct select_precision<"fp8-mixed"> {
+  using type = precision::Fp8Mixed;
 };
 // The discouraged aliases. At run time with_precision warns about them; at compile time no
 // compiler reliably reports a [[deprecated]] reached through an alias template, so they are

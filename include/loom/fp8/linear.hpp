@@ -11,11 +11,13 @@
 // The bias is added outside the fp8 products, in the output's dtype; its gradient is the
 // usual one.
 #include <cstdint>
+#include <memory>
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
 #include <loom/error.hpp>
+#include <loom/fp8/delayed.hpp>
 #include <loom/fp8/scaled_mm.hpp>
 
 namespace loom::fp8 {
@@ -24,6 +26,13 @@ namespace loom::fp8 {
 struct LinearRecipe {
   Scaling scaling = Scaling::Tensorwise;
   c10::ScalarType grad_dtype = c10::kFloat8_e5m2;  ///< the output gradient's format
+  DelayedOptions delayed{};                        ///< Scaling::Delayed only
+};
+
+/// A layer's place in a DelayedBlock: where Scaling::Delayed takes its scales from.
+struct DelayedRef {
+  std::shared_ptr<const DelayedBlock> block;
+  int64_t layer = 0;
 };
 
 namespace detail {
@@ -37,17 +46,34 @@ inline MatmulOptions grad_input_options(const LinearRecipe& r) {
 inline MatmulOptions grad_weight_options(const LinearRecipe& r) {
   // cuBLASLt's row-wise kernels (CUTLASS on sm90) write bf16 only.
   return {r.grad_dtype, c10::kFloat8_e4m3fn, r.scaling,
-          r.scaling == Scaling::Tensorwise ? c10::kFloat : c10::kBFloat16, false};
+          r.scaling == Scaling::Rowwise ? c10::kBFloat16 : c10::kFloat, false};
+}
+
+inline ScaleSlot slot_of(torch::autograd::AutogradContext* ctx, Operand operand) {
+  const auto c = static_cast<int64_t>(operand);
+  const int64_t layer = ctx->saved_data["layer"].toInt();
+  return {ctx->saved_data["scale"].toTensor().select(0, layer).select(0, c),
+          ctx->saved_data["history"].toTensor().select(0, 0).select(0, layer).select(0, c)};
 }
 
 struct LinearFunction : torch::autograd::Function<LinearFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            const at::Tensor& weight, int64_t scaling, int64_t grad_dtype) {
+                            const at::Tensor& weight, int64_t scaling, int64_t grad_dtype,
+                            DelayedRef delayed) {
     ctx->save_for_backward({x, weight});
     ctx->saved_data["scaling"] = scaling;
     ctx->saved_data["grad_dtype"] = grad_dtype;
-    const LinearRecipe r{static_cast<Scaling>(scaling), static_cast<c10::ScalarType>(grad_dtype)};
-    return scaled_mm(x, weight, forward_options(r));
+    LinearRecipe r{static_cast<Scaling>(scaling), static_cast<c10::ScalarType>(grad_dtype)};
+    MatmulOptions o = forward_options(r);
+    if (r.scaling == Scaling::Delayed) {
+      // The block's tensors themselves (not copies): backward records into the same history.
+      ctx->saved_data["history"] = delayed.block->amax_history;
+      ctx->saved_data["scale"] = delayed.block->scale;
+      ctx->saved_data["layer"] = delayed.layer;
+      o.a_slot = slot_of(ctx, Operand::Input);
+      o.b_slot = slot_of(ctx, Operand::Weight);
+    }
+    return scaled_mm(x, weight, o);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -57,31 +83,43 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     const LinearRecipe r{static_cast<Scaling>(ctx->saved_data["scaling"].toInt()),
                          static_cast<c10::ScalarType>(ctx->saved_data["grad_dtype"].toInt())};
     const at::Tensor& dy = grads[0];
+    MatmulOptions dx_options = grad_input_options(r), dw_options = grad_weight_options(r);
+    if (r.scaling == Scaling::Delayed) {
+      dx_options.a_slot = dw_options.a_slot = slot_of(ctx, Operand::GradOutput);
+      dx_options.b_slot = slot_of(ctx, Operand::Weight);
+      dw_options.b_slot = slot_of(ctx, Operand::Input);
+    }
     at::Tensor dx, dw;
     if (ctx->needs_input_grad(0)) {
-      dx = scaled_mm(dy, weight.t(), grad_input_options(r)).to(x.scalar_type());
+      dx = scaled_mm(dy, weight.t(), dx_options).to(x.scalar_type());
     }
     if (ctx->needs_input_grad(1)) {
-      dw = scaled_mm(dy.t(), x.t(), grad_weight_options(r)).to(weight.scalar_type());
+      dw = scaled_mm(dy.t(), x.t(), dw_options).to(weight.scalar_type());
     }
-    return {dx, dw, at::Tensor(), at::Tensor()};
+    return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace detail
 
 /// x (..., k) times weight (n, k) transposed, plus bias (n) when defined, in fp8 as `recipe`
-/// says; the result is bf16, (..., n). Differentiable in x, weight and bias.
+/// says; the result is bf16, (..., n). Differentiable in x, weight and bias. Scaling::Delayed
+/// takes its scales from, and records its amaxes in, `delayed` (layer `delayed.layer` of a
+/// DelayedBlock on x's device).
 inline at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                         const LinearRecipe& recipe = {}) {
+                         const LinearRecipe& recipe = {}, DelayedRef delayed = {}) {
   if (weight.dim() != 2 || x.dim() < 1 || x.size(-1) != weight.size(1)) {
     throw Error("loom::fp8::linear: the input's last dimension must be the weight's second");
+  }
+  if (recipe.scaling == Scaling::Delayed &&
+      (delayed.block == nullptr || delayed.layer < 0 || delayed.layer >= delayed.block->layers())) {
+    throw Error("loom::fp8::linear: Scaling::Delayed needs the layer's place in a DelayedBlock");
   }
   auto sizes = x.sizes().vec();
   sizes.back() = weight.size(0);
   at::Tensor y = detail::LinearFunction::apply(x.reshape({-1, x.size(-1)}), weight,
                                                static_cast<int64_t>(recipe.scaling),
-                                               static_cast<int64_t>(recipe.grad_dtype))
+                                               static_cast<int64_t>(recipe.grad_dtype), delayed)
                      .view(sizes);
   return bias.defined() ? y + bias.to(y.scalar_type()) : y;
 }

@@ -17,10 +17,11 @@
 
 namespace loom::fp8 {
 
-/// How an operand's scale is chosen (both dynamic: from the tensor being cast, every call).
+/// How an operand's scale is chosen.
 enum class Scaling {
-  Tensorwise,  ///< one scale per tensor: max / amax (torchao's default recipe, cuBLAS)
-  Rowwise,     ///< one scale per row of the contraction dimension (torchao's ROWWISE, CUTLASS)
+  Tensorwise,  ///< dynamic, one scale per tensor: max / amax (torchao's default recipe, cuBLAS)
+  Rowwise,     ///< dynamic, one per row of the contraction dimension (torchao's ROWWISE, CUTLASS)
+  Delayed,     ///< one per tensor, from earlier steps' amaxes (TransformerEngine's; delayed.hpp)
 };
 
 /// The largest finite value of an fp8 format: 448 for e4m3fn, 57344 for e5m2.
@@ -49,6 +50,9 @@ struct Quantized {
 /// tensor or per row (dimension 0; the rows run along the contraction dimension 1).
 inline Quantized quantize(const at::Tensor& t, c10::ScalarType dtype, Scaling scaling) {
   if (t.dim() != 2) throw Error("loom::fp8::quantize: expected a matrix");
+  if (scaling == Scaling::Delayed) {
+    throw Error("loom::fp8::quantize: Scaling::Delayed takes its scale from a ScaleSlot");
+  }
   const double top = max_value(dtype);
   const at::Tensor x = t.to(at::kFloat).contiguous();
   const at::Tensor amax =
@@ -58,18 +62,60 @@ inline Quantized quantize(const at::Tensor& t, c10::ScalarType dtype, Scaling sc
   return {x.mul(scale).clamp_(-top, top).to(dtype), at::reciprocal(scale)};
 }
 
+/// Where a delayed-scaling operand takes its scale from and records its amax (delayed.hpp).
+struct ScaleSlot {
+  at::Tensor scale;  ///< 0-dim fp32 quantisation scale: data = clamp(value * scale)
+  at::Tensor amax;   ///< 0-dim fp32, raised in place to the operand's amax (nan if it has one)
+};
+
+/// Casts `t` with a scale chosen earlier (delayed scaling) and records its amax in the slot.
+/// Values beyond the format's range saturate (clamped); a non-finite value makes the whole
+/// operand nan, as with dynamic scales, never a finite wrong number.
+inline Quantized quantize(const at::Tensor& t, c10::ScalarType dtype, const ScaleSlot& slot) {
+  if (t.dim() != 2) throw Error("loom::fp8::quantize: expected a matrix");
+  const double top = max_value(dtype);
+  const at::Tensor x = t.to(at::kFloat).contiguous();
+  const at::Tensor amax = x.abs().amax();
+  slot.amax.copy_(at::maximum(slot.amax, amax));
+  // amax - amax is 0, or nan when amax is inf or nan: then every element is nan.
+  const at::Tensor scale = slot.scale + (amax - amax);
+  return {x.mul(scale).clamp_(-top, top).to(dtype), at::reciprocal(slot.scale)};
+}
+
 /// The recipe of one product.
 struct MatmulOptions {
   c10::ScalarType a_dtype = c10::kFloat8_e4m3fn;
   c10::ScalarType b_dtype = c10::kFloat8_e4m3fn;
   Scaling scaling = Scaling::Tensorwise;
   c10::ScalarType out_dtype = c10::kBFloat16;
-  bool fast_accum = false;  ///< cuBLASLt's fast accumulation (torchao: forward output only)
+  bool fast_accum = false;       ///< cuBLASLt's fast accumulation (torchao: forward output only)
+  ScaleSlot a_slot{}, b_slot{};  ///< Scaling::Delayed only: each operand's scale and amax
 };
 
 namespace detail {
 
 inline int64_t pad16(int64_t n) { return (16 - n % 16) % 16; }
+
+// On a CPU with AMX, _scaled_mm takes oneDNN's fp8 kernel, which is several hundred times
+// slower than its emulated one (dequantise to fp32, then an fp32 matmul) and gives the same
+// values; this guard selects the emulated one for the call. The flag it sets is LibTorch's
+// process-wide "use oneDNN" switch, restored on exit: another thread's CPU convolutions run
+// without oneDNN while it is held.
+class [[nodiscard]] CpuEmulatedScaledMm {
+ public:
+  explicit CpuEmulatedScaledMm(bool cpu)
+      : previous_(cpu && at::globalContext().userEnabledMkldnn()) {
+    if (previous_) at::globalContext().setUserEnabledMkldnn(false);
+  }
+  CpuEmulatedScaledMm(const CpuEmulatedScaledMm&) = delete;
+  CpuEmulatedScaledMm& operator=(const CpuEmulatedScaledMm&) = delete;
+  ~CpuEmulatedScaledMm() {
+    if (previous_) at::globalContext().setUserEnabledMkldnn(true);
+  }
+
+ private:
+  bool previous_;
+};
 
 }  // namespace detail
 
@@ -87,12 +133,19 @@ inline at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b,
   const int64_t n = b.size(0), pk = detail::pad16(a.size(1)), pn = detail::pad16(n);
   const at::Tensor ap = pk ? at::constant_pad_nd(a, {0, pk}) : a;
   const at::Tensor bp = (pk || pn) ? at::constant_pad_nd(b, {0, pk, 0, pn}) : b;
-  const Quantized qa = quantize(ap, options.a_dtype, options.scaling);
-  const Quantized qb = quantize(bp, options.b_dtype, options.scaling);
+  const bool delayed = options.scaling == Scaling::Delayed;
+  if (delayed && !(options.a_slot.scale.defined() && options.b_slot.scale.defined())) {
+    throw Error("loom::fp8::scaled_mm: Scaling::Delayed needs both operands' scale slots");
+  }
+  const Quantized qa = delayed ? quantize(ap, options.a_dtype, options.a_slot)
+                               : quantize(ap, options.a_dtype, options.scaling);
+  const Quantized qb = delayed ? quantize(bp, options.b_dtype, options.b_slot)
+                               : quantize(bp, options.b_dtype, options.scaling);
   // _scaled_mm: a row-major, b column-major (the transpose of a contiguous (n, k)); row-wise
   // scales (m, 1) and (1, n).
   const at::Tensor scale_b =
       options.scaling == Scaling::Rowwise ? qb.inv_scale.t().contiguous() : qb.inv_scale;
+  const detail::CpuEmulatedScaledMm emulated(qa.data.is_cpu());
   at::Tensor out = at::_scaled_mm(qa.data, qb.data.t(), qa.inv_scale, scale_b,
                                   /*bias=*/std::nullopt, /*scale_result=*/std::nullopt,
                                   options.out_dtype, options.fast_accum);

@@ -9,6 +9,7 @@
 //   "bf16-true"            Bf16True
 //   "16-mixed", "16", 16   Fp16Mixed    "16" and 16: discouraged (with_precision warns)
 //   "bf16-mixed", "bf16"   Bf16Mixed    "bf16": discouraged (with_precision warns)
+//   "fp8-mixed"            Fp8Mixed     "transformer-engine" is refused, naming it
 // Matching is exact and case-sensitive; anything else is an error listing the names.
 #include <string>
 #include <string_view>
@@ -21,6 +22,7 @@
 #include <loom/error.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/precision/fp64.hpp>
+#include <loom/precision/fp8.hpp>
 #include <loom/precision/half.hpp>
 #include <loom/precision/mixed.hpp>
 
@@ -39,15 +41,17 @@ template <detail::PrecisionName S>
 using precision_t = typename detail::select_precision<S>::type;
 
 /// What with_precision builds a policy from, for the precisions that take options: the
-/// GradScaler's for 16-mixed. The others ignore it (their policies have nothing to configure).
+/// GradScaler's for 16-mixed, the fp8 recipe for fp8-mixed. The others ignore it (their
+/// policies have nothing to configure).
 struct PrecisionOptions {
   amp::GradScalerOptions grad_scaler{};
+  fp8::LinearRecipe fp8{};
 };
 
 /// Calls `fn(policy)` with the policy of the precision `name` selects, built from `options`
-/// (Fp16Mixed(options.grad_scaler); the others default-constructed), and returns fn's
-/// result; `fn` is generic, so every branch is compiled. Aliases warn (TORCH_WARN); an
-/// unknown name throws loom::Error listing the allowed names.
+/// (Fp16Mixed(options.grad_scaler), Fp8Mixed(options.fp8); the others default-constructed),
+/// and returns fn's result; `fn` is generic, so every branch is compiled. Aliases warn
+/// (TORCH_WARN); an unknown name throws loom::Error listing the allowed names.
 template <class Fn>
 decltype(auto) with_precision(std::string_view name, Fn&& fn,
                               const PrecisionOptions& options = {}) {
@@ -62,6 +66,7 @@ decltype(auto) with_precision(std::string_view name, Fn&& fn,
   if (name == "bf16-true") return std::forward<Fn>(fn)(precision::Bf16True{});
   if (name == "16-mixed") return std::forward<Fn>(fn)(fp16_mixed());
   if (name == "bf16-mixed") return std::forward<Fn>(fn)(precision::Bf16Mixed{});
+  if (name == "fp8-mixed") return std::forward<Fn>(fn)(precision::Fp8Mixed(options.fp8));
   if (name == "16") {
     alias("16-mixed");
     return std::forward<Fn>(fn)(fp16_mixed());
@@ -71,7 +76,9 @@ decltype(auto) with_precision(std::string_view name, Fn&& fn,
     return std::forward<Fn>(fn)(precision::Bf16Mixed{});
   }
   if (name.starts_with("transformer-engine")) {
-    throw Error("loom: precision \"" + std::string(name) + "\" is not supported by loom");
+    throw Error("loom: precision \"" + std::string(name) +
+                "\" is not supported by loom; its native alternative is \"fp8-mixed\" "
+                "(fp8 linear layers on at::_scaled_mm, docs/fp8.md)");
   }
   throw Error("loom: unknown precision \"" + std::string(name) +
               "\"; allowed: " LOOM_DETAIL_PRECISION_NAMES);

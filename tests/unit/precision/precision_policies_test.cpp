@@ -18,7 +18,7 @@ using namespace loom;
 
 namespace {
 
-using AllPolicies = std::tuple<Fp32, Fp64, Fp16True, Bf16True, Fp16Mixed, Bf16Mixed>;
+using AllPolicies = std::tuple<Fp32, Fp64, Fp16True, Bf16True, Fp16Mixed, Bf16Mixed, Fp8Mixed>;
 using UniformPolicies = std::tuple<Fp64, Fp16True, Bf16True>;
 
 c10::ScalarType default_dtype() { return c10::get_default_dtype_as_scalartype(); }
@@ -56,6 +56,7 @@ TEMPLATE_LIST_TEST_CASE("contexts restore the default dtype and autocast state, 
   auto check_restored = [] {
     CHECK(default_dtype() == at::kFloat);
     CHECK_FALSE(at::autocast::is_autocast_enabled(c10::kCPU));
+    CHECK_FALSE(loom::fp8::in_scope());
   };
   auto throw_inside = [](auto make) {
     try {

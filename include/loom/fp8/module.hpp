@@ -1,0 +1,130 @@
+#pragma once
+// loom::fp8::Linear: a drop-in for torch::nn::Linear (the same options, parameter names and
+// initialisation) whose forward runs in fp8 once a precision has enabled it and while an
+// fp8 scope is open; otherwise it is torch::nn::Linear's forward. The "fp8-mixed" precision
+// (precision/fp8.hpp) enables every eligible loom::fp8::Linear of a model, swaps the
+// torch::nn::Linear layers of each torch::nn::Sequential for them, and opens the scope in
+// its forward context.
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <ostream>
+
+#include <ATen/ATen.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/init.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <loom/error.hpp>
+#include <loom/fp8/delayed.hpp>
+#include <loom/fp8/linear.hpp>
+
+namespace loom::fp8 {
+
+namespace detail {
+inline int& scope_depth() noexcept {
+  thread_local int depth = 0;
+  return depth;
+}
+}  // namespace detail
+
+/// True inside an fp8 Scope on this thread: enabled fp8 layers compute in fp8.
+inline bool in_scope() noexcept { return detail::scope_depth() > 0; }
+
+/// An RAII scope in which enabled fp8 layers compute in fp8 (thread-local, nests).
+class [[nodiscard]] Scope {
+ public:
+  Scope() noexcept { ++detail::scope_depth(); }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+  ~Scope() { --detail::scope_depth(); }
+};
+
+/// What a precision gives a layer it enables: the recipe, and for Scaling::Delayed the
+/// layer's place in the precision's DelayedBlock.
+struct LayerConfig {
+  LinearRecipe recipe{};
+  DelayedRef delayed{};
+};
+
+/// y = x W^T + b, as torch::nn::Linear (see the top of this file).
+class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features)
+      : LinearImpl(torch::nn::LinearOptions(in_features, out_features)) {}
+  explicit LinearImpl(const torch::nn::LinearOptions& options_) : options(options_) { reset(); }
+  /// Takes `other`'s parameters themselves (the same tensors, so an optimizer built on them
+  /// keeps updating this layer) and its training flag.
+  explicit LinearImpl(const torch::nn::LinearImpl& other) : options(other.options) {
+    weight = register_parameter("weight", other.weight);
+    if (options.bias()) bias = register_parameter("bias", other.bias);
+    train(other.is_training());
+  }
+
+  /// Registers fresh parameters initialised as torch::nn::Linear's (the same draws).
+  void reset() override {
+    weight =
+        register_parameter("weight", torch::empty({options.out_features(), options.in_features()}));
+    if (options.bias()) bias = register_parameter("bias", torch::empty(options.out_features()));
+    reset_parameters();
+  }
+  void reset_parameters() {
+    torch::NoGradGuard no_grad;
+    torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0));
+    if (bias.defined()) {
+      const auto fan_in = std::get<0>(torch::nn::init::_calculate_fan_in_and_fan_out(weight));
+      const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+      torch::nn::init::uniform_(bias, -bound, bound);
+    }
+  }
+
+  void pretty_print(std::ostream& stream) const override {
+    stream << "loom::fp8::Linear(in_features=" << options.in_features()
+           << ", out_features=" << options.out_features() << ", bias=" << std::boolalpha
+           << options.bias() << ", fp8=" << (config_ ? "on" : "off") << ")";
+  }
+
+  /// fp8 when enabled and inside a Scope; torch::nn::Linear's forward otherwise.
+  at::Tensor forward(const at::Tensor& input) {
+    if (config_ && in_scope()) {
+      return linear(input, weight, bias, config_->recipe, config_->delayed);
+    }
+    return torch::nn::functional::linear(input, weight, bias);
+  }
+
+  /// Whether both dimensions are multiples of 16, as fp8 products need.
+  bool eligible() const {
+    return options.in_features() % 16 == 0 && options.out_features() % 16 == 0;
+  }
+  /// Makes forward compute in fp8 (inside a Scope) as `config` says; a precision's business.
+  void enable(const LayerConfig& config) {
+    if (!eligible()) {
+      throw Error("loom::fp8::Linear: fp8 needs both dimensions to be multiples of 16, not " +
+                  std::to_string(options.in_features()) + " -> " +
+                  std::to_string(options.out_features()));
+    }
+    config_ = std::make_shared<const LayerConfig>(config);
+  }
+  /// Back to torch::nn::Linear's forward everywhere.
+  void disable() noexcept { config_.reset(); }
+  /// Whether forward computes in fp8 inside a Scope.
+  bool enabled() const noexcept { return config_ != nullptr; }
+  /// The recipe this layer was enabled with (LinearRecipe{} when disabled).
+  LinearRecipe recipe() const { return config_ ? config_->recipe : LinearRecipe{}; }
+
+  torch::nn::LinearOptions options;
+  at::Tensor weight;
+  at::Tensor bias;
+
+ private:
+  // Shared, immutable: a clone computes as this layer does (with Scaling::Delayed it reads and
+  // records the same block's slot, which only the precision's updates change).
+  std::shared_ptr<const LayerConfig> config_;
+};
+
+/// The module holder of LinearImpl: loom::fp8::Linear(in, out), as torch::nn::Linear.
+TORCH_MODULE(Linear);
+
+}  // namespace loom::fp8
