@@ -359,7 +359,8 @@ TEST_CASE("fp8-mixed trains a small MLP as well as bf16-mixed", "[fp8][train]") 
 TEST_CASE("an fp8-mixed run saved and resumed is bitwise the straight run", "[fp8][resume]") {
   const auto s = GENERATE(Scaling::Tensorwise, Scaling::Delayed);
   INFO((s == Scaling::Delayed ? "delayed" : "tensorwise"));
-  const auto [x, y] = data(64);
+  const auto xy = data(64);  // (lambdas cannot capture structured bindings in Clang 14)
+  const at::Tensor &x = xy.first, &y = xy.second;
   auto run = [&](auto& rt, auto& model, auto& opt, int from, int to) {
     for (int i = from; i < to; ++i) {
       const auto k = (i * 16) % 64;
