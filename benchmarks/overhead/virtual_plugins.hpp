@@ -68,7 +68,9 @@ struct PluginOf final : PrecisionPlugin {
   at::Tensor post_backward(const at::Tensor& l, torch::nn::Module& m) override {
     return p_.post_backward(l, m);
   }
-  bool optimizer_step(torch::optim::Optimizer& o) override { return p_.optimizer_step(o); }
+  bool optimizer_step(torch::optim::Optimizer& o) override {
+    return static_cast<bool>(p_.optimizer_step(o));
+  }
 
  private:
   P p_;
