@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <loom/error.hpp>
 #include <loom/fp8/scaled_mm.hpp>

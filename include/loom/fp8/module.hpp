@@ -9,8 +9,10 @@
 #include <cstdint>
 #include <memory>
 #include <ostream>
+#include <string>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/functional/linear.h>
 #include <torch/nn/init.h>
@@ -101,9 +103,11 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   /// Makes forward compute in fp8 (inside a Scope) as `config` says; a precision's business.
   void enable(const LayerConfig& config) {
     if (!eligible()) {
-      throw Error("loom::fp8::Linear: fp8 needs both dimensions to be multiples of 16, not " +
-                  std::to_string(options.in_features()) + " -> " +
-                  std::to_string(options.out_features()));
+      std::string what = "loom::fp8::Linear: fp8 needs both dimensions to be multiples of 16, not ";
+      what += std::to_string(options.in_features());
+      what += " -> ";
+      what += std::to_string(options.out_features());
+      throw Error(what);
     }
     config_ = std::make_shared<const LayerConfig>(config);
   }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/Device.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
@@ -187,11 +188,20 @@ struct Fp8Mixed : Mixed<Fp8Mixed, c10::kBFloat16> {
   static bool eligible(const torch::nn::LinearOptions& o) {
     return o.in_features() % 16 == 0 && o.out_features() % 16 == 0;
   }
+  // (Appends, not "literal" + std::string&&: GCC 12 reports a false -Wrestrict there.)
   static std::string dims(const torch::nn::LinearOptions& o) {
-    return "(" + std::to_string(o.in_features()) + " -> " + std::to_string(o.out_features()) + ")";
+    std::string d = "(";
+    d += std::to_string(o.in_features());
+    d += " -> ";
+    d += std::to_string(o.out_features());
+    d += ")";
+    return d;
   }
   static std::string key(const std::string& layer, const char* what) {
-    return "fp8." + (layer.empty() ? std::string() : layer + ".") + what;
+    std::string k = "fp8.";
+    if (!layer.empty()) k += layer + ".";
+    k += what;
+    return k;
   }
 
   // Rebuilds `seq` in place with its eligible torch::nn::Linear layers as loom::fp8::Linear
@@ -245,10 +255,13 @@ struct Fp8Mixed : Mixed<Fp8Mixed, c10::kBFloat16> {
       const at::Tensor one = at::ones({}, f32);
       (void)at::_scaled_mm(a, a.t(), one, one, std::nullopt, std::nullopt, c10::kBFloat16, false);
     } catch (const c10::Error& e) {
-      throw Error(
-          "loom: fp8-mixed needs a CUDA device of compute capability 8.9 or newer (Ada, "
-          "Hopper, Blackwell) for its fp8 products; " +
-          device.str() + " cannot run them: " + e.what_without_backtrace());
+      std::string what =
+          "loom: fp8-mixed needs a CUDA device of compute capability 8.9 or newer (Ada, Hopper, "
+          "Blackwell) for its fp8 products; ";
+      what += device.str();
+      what += " cannot run them: ";
+      what += e.what_without_backtrace();
+      throw Error(what);
     }
   }
 
