@@ -308,7 +308,7 @@ TEST_CASE("fp8-mixed's state: delayed histories save, load and are checked by na
                     Contains("is not an fp8 format"));
 }
 
-TEST_CASE("fp8-mixed is selected by name; transformer-engine names it", "[fp8][select]") {
+TEST_CASE("fp8-mixed is selected by name, and transformer-engine names it", "[fp8][select]") {
   STATIC_REQUIRE(std::is_same_v<loom::precision_t<"fp8-mixed">, loom::Fp8Mixed>);
   STATIC_REQUIRE(loom::PrecisionPolicy<loom::Fp8Mixed>);
   CHECK(std::string(loom::precision::allowed_names).find("\"fp8-mixed\"") != std::string::npos);
