@@ -72,9 +72,7 @@ struct DelayedBlock {
     const double e4m3 = max_value(c10::kFloat8_e4m3fn);
     at::Tensor sf = at::reciprocal(amax).mul_(e4m3 / std::ldexp(1.0, options.margin));
     sf.select(1, 2).mul_(max_value(grad_dtype) / e4m3);
-    sf = at::where(amax > 0, sf, scale);
-    sf = at::where(at::isfinite(amax), sf, scale);
-    scale.copy_(sf);
+    scale.copy_(at::where(at::isfinite(amax).logical_and_(amax > 0), sf, scale));
     if (amax_history.size(0) > 1) amax_history.copy_(at::roll(amax_history, -1, 0));
     amax_history.select(0, 0).zero_();
   }

@@ -49,11 +49,11 @@ inline MatmulOptions grad_weight_options(const LinearRecipe& r) {
           r.scaling == Scaling::Rowwise ? c10::kBFloat16 : c10::kFloat, false};
 }
 
+// The layer's slot of the block whose tensors forward saved.
 inline ScaleSlot slot_of(torch::autograd::AutogradContext* ctx, Operand operand) {
-  const auto c = static_cast<int64_t>(operand);
-  const int64_t layer = ctx->saved_data["layer"].toInt();
-  return {ctx->saved_data["scale"].toTensor().select(0, layer).select(0, c),
-          ctx->saved_data["history"].toTensor().select(0, 0).select(0, layer).select(0, c)};
+  const DelayedBlock block{ctx->saved_data["history"].toTensor(),
+                           ctx->saved_data["scale"].toTensor()};
+  return block.slot(ctx->saved_data["layer"].toInt(), operand);
 }
 
 struct LinearFunction : torch::autograd::Function<LinearFunction> {

@@ -44,6 +44,21 @@ class [[nodiscard]] Scope {
   ~Scope() { --detail::scope_depth(); }
 };
 
+/// Whether a linear layer of these options can compute in fp8: both dimensions multiples of
+/// 16, as _scaled_mm needs (for loom::fp8::Linear and torch::nn::Linear alike).
+inline bool eligible(const torch::nn::LinearOptions& o) {
+  return o.in_features() % 16 == 0 && o.out_features() % 16 == 0;
+}
+
+/// "in -> out", how messages name a linear layer's dimensions. (Appended piece by piece: GCC
+/// 12 reports a false -Wrestrict for "literal" + std::string&& at -O3.)
+inline std::string dims(const torch::nn::LinearOptions& o) {
+  std::string d = std::to_string(o.in_features());
+  d += " -> ";
+  d += std::to_string(o.out_features());
+  return d;
+}
+
 /// What a precision gives a layer it enables: the recipe, and for Scaling::Delayed the
 /// layer's place in the precision's DelayedBlock.
 struct LayerConfig {
@@ -97,17 +112,13 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   }
 
   /// Whether both dimensions are multiples of 16, as fp8 products need.
-  bool eligible() const {
-    return options.in_features() % 16 == 0 && options.out_features() % 16 == 0;
-  }
+  bool eligible() const { return fp8::eligible(options); }
   /// Makes forward compute in fp8 (inside a Scope) as `config` says; a precision's business.
   void enable(const LayerConfig& config) {
     if (!eligible()) {
-      std::string what = "loom::fp8::Linear: fp8 needs both dimensions to be multiples of 16, not ";
-      what += std::to_string(options.in_features());
-      what += " -> ";
-      what += std::to_string(options.out_features());
-      throw Error(what);
+      throw Error(std::string("loom::fp8::Linear: fp8 needs both dimensions to be multiples of "
+                              "16, not ") +
+                  dims(options));
     }
     config_ = std::make_shared<const LayerConfig>(config);
   }

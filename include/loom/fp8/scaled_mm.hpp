@@ -76,7 +76,8 @@ inline Quantized quantize(const at::Tensor& t, c10::ScalarType dtype, const Scal
   const double top = max_value(dtype);
   const at::Tensor x = t.to(at::kFloat).contiguous();
   const at::Tensor amax = x.abs().amax();
-  slot.amax.copy_(at::maximum(slot.amax, amax));
+  at::Tensor recorded = slot.amax;  // the same tensor: maximum_out writes the slot in place
+  at::maximum_out(recorded, slot.amax, amax);
   // amax - amax is 0, or nan when amax is inf or nan: then every element is nan.
   const at::Tensor scale = slot.scale + (amax - amax);
   return {x.mul(scale).clamp_(-top, top).to(dtype), at::reciprocal(slot.scale)};

@@ -94,14 +94,14 @@ struct Fp8Mixed : Mixed<Fp8Mixed, c10::kBFloat16> {
           layers.emplace_back(name, l);
         } else {
           l->disable();
-          kept.push_back(shown + " " + dims(l->options) + ": not multiples of 16");
+          kept.push_back(shown + " (" + fp8::dims(l->options) + "): not multiples of 16");
         }
       } else if (typeid(m) == typeid(torch::nn::LinearImpl)) {
         const auto& options = static_cast<torch::nn::LinearImpl&>(m).options;
-        kept.push_back(shown + " " + dims(options) +
-                       (eligible(options) ? ": a torch::nn::Linear member, which cannot be "
-                                            "swapped; declare it as loom::fp8::Linear"
-                                          : ": not multiples of 16"));
+        kept.push_back(shown + " (" + fp8::dims(options) + ")" +
+                       (fp8::eligible(options) ? ": a torch::nn::Linear member, which cannot be "
+                                                 "swapped; declare it as loom::fp8::Linear"
+                                               : ": not multiples of 16"));
       }
     };
     visit("", root);
@@ -185,18 +185,6 @@ struct Fp8Mixed : Mixed<Fp8Mixed, c10::kBFloat16> {
   std::shared_ptr<const fp8::DelayedBlock> delayed_state() const noexcept { return block_; }
 
  private:
-  static bool eligible(const torch::nn::LinearOptions& o) {
-    return o.in_features() % 16 == 0 && o.out_features() % 16 == 0;
-  }
-  // (Appends, not "literal" + std::string&&: GCC 12 reports a false -Wrestrict there.)
-  static std::string dims(const torch::nn::LinearOptions& o) {
-    std::string d = "(";
-    d += std::to_string(o.in_features());
-    d += " -> ";
-    d += std::to_string(o.out_features());
-    d += ")";
-    return d;
-  }
   static std::string key(const std::string& layer, const char* what) {
     std::string k = "fp8.";
     if (!layer.empty()) k += layer + ".";
@@ -213,7 +201,7 @@ struct Fp8Mixed : Mixed<Fp8Mixed, c10::kBFloat16> {
     for (const auto& c : children) {
       const auto& m = *c.value();
       any = any || (typeid(m) == typeid(torch::nn::LinearImpl) &&
-                    eligible(static_cast<const torch::nn::LinearImpl&>(m).options));
+                    fp8::eligible(static_cast<const torch::nn::LinearImpl&>(m).options));
     }
     if (!any) return;
     torch::nn::SequentialImpl rebuilt;
@@ -222,7 +210,7 @@ struct Fp8Mixed : Mixed<Fp8Mixed, c10::kBFloat16> {
       const auto& c = children[i++];
       const auto& m = *c.value();
       if (typeid(m) == typeid(torch::nn::LinearImpl) &&
-          eligible(static_cast<const torch::nn::LinearImpl&>(m).options)) {
+          fp8::eligible(static_cast<const torch::nn::LinearImpl&>(m).options)) {
         rebuilt.push_back(std::string(c.key()), fp8::Linear(std::make_shared<fp8::LinearImpl>(
                                                     static_cast<const torch::nn::LinearImpl&>(m))));
       } else {
