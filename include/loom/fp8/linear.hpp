@@ -56,13 +56,36 @@ inline ScaleSlot slot_of(torch::autograd::AutogradContext* ctx, Operand operand)
   return block.slot(ctx->saved_data["layer"].toInt(), operand);
 }
 
+// Transposes a row-major fp8 matrix (rows, cols) into a row-major (cols, rows) one, with
+// `pad` zero columns appended; moved as bytes (0 is +0 in both fp8 formats).
+inline at::Tensor transposed(const at::Tensor& data, int64_t pad) {
+  const at::Tensor bytes = data.view(at::kByte).t();
+  const at::Tensor out =
+      pad ? at::constant_pad_nd(bytes, {0, pad}).contiguous() : bytes.contiguous();
+  return out.view(data.scalar_type());
+}
+
+// One product a @ b^T of operands already cast: what backward computes from them.
+inline at::Tensor product(const at::Tensor& a, const at::Tensor& a_inv, const at::Tensor& b,
+                          const at::Tensor& b_inv, const MatmulOptions& o) {
+  return mm({a, a_inv}, {b, b_inv}, o.out_dtype, o.fast_accum);
+}
+
+// Under Scaling::Tensorwise and Scaling::Delayed one scale serves an operand in every
+// product, so each operand is cast once: forward keeps its fp8 input and weight for
+// backward, which casts the output gradient once and transposes the fp8 tensors it needs
+// (bytes moved, not values cast again). Under Scaling::Rowwise the scales run along each
+// product's own contraction dimension, so forward keeps x and the weight in their own
+// dtypes and backward casts them again (scaled_mm). Both give the values of three
+// independent scaled_mm calls, bit for bit.
 struct LinearFunction : torch::autograd::Function<LinearFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& weight, int64_t scaling, int64_t grad_dtype,
                             DelayedRef delayed) {
-    ctx->save_for_backward({x, weight});
     ctx->saved_data["scaling"] = scaling;
     ctx->saved_data["grad_dtype"] = grad_dtype;
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
     LinearRecipe r{static_cast<Scaling>(scaling), static_cast<c10::ScalarType>(grad_dtype)};
     MatmulOptions o = forward_options(r);
     if (r.scaling == Scaling::Delayed) {
@@ -73,15 +96,33 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
       o.a_slot = slot_of(ctx, Operand::Input);
       o.b_slot = slot_of(ctx, Operand::Weight);
     }
-    return scaled_mm(x, weight, o);
+    if (r.scaling == Scaling::Rowwise) {
+      ctx->save_for_backward({x, weight});
+      return scaled_mm(x, weight, o);
+    }
+    // The same padding as scaled_mm: k for both, n for the weight.
+    const int64_t n = weight.size(0), pk = pad16(x.size(1)), pn = pad16(n);
+    const at::Tensor xp = pk ? at::constant_pad_nd(x, {0, pk}) : x;
+    const at::Tensor wp = (pk || pn) ? at::constant_pad_nd(weight, {0, pk, 0, pn}) : weight;
+    const bool dl = r.scaling == Scaling::Delayed;
+    const Quantized qx =
+        dl ? quantize(xp, o.a_dtype, o.a_slot) : quantize(xp, o.a_dtype, o.scaling);
+    const Quantized qw =
+        dl ? quantize(wp, o.b_dtype, o.b_slot) : quantize(wp, o.b_dtype, o.scaling);
+    ctx->save_for_backward({qx.data, qx.inv_scale, qw.data, qw.inv_scale});
+    ctx->saved_data["n"] = n;
+    ctx->saved_data["k"] = x.size(1);
+    const at::Tensor y = mm(qx, qw, o.out_dtype, o.fast_accum);
+    return pn ? y.narrow(1, 0, n) : y;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &weight = saved[1];
     const LinearRecipe r{static_cast<Scaling>(ctx->saved_data["scaling"].toInt()),
                          static_cast<c10::ScalarType>(ctx->saved_data["grad_dtype"].toInt())};
+    const auto x_dtype = static_cast<c10::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["w_dtype"].toInt());
     const at::Tensor& dy = grads[0];
     MatmulOptions dx_options = grad_input_options(r), dw_options = grad_weight_options(r);
     if (r.scaling == Scaling::Delayed) {
@@ -90,11 +131,31 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
       dw_options.b_slot = slot_of(ctx, Operand::Input);
     }
     at::Tensor dx, dw;
+    if (r.scaling == Scaling::Rowwise) {
+      const at::Tensor &x = saved[0], &weight = saved[1];
+      if (ctx->needs_input_grad(0)) dx = scaled_mm(dy, weight.t(), dx_options).to(x_dtype);
+      if (ctx->needs_input_grad(1)) dw = scaled_mm(dy.t(), x.t(), dw_options).to(w_dtype);
+      return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+    // x8 (m, k'), w8 (n', k'); dy (m, n) is cast once, padded along n to n'.
+    const at::Tensor &x8 = saved[0], &x_inv = saved[1], &w8 = saved[2], &w_inv = saved[3];
+    const int64_t n = ctx->saved_data["n"].toInt(), k = ctx->saved_data["k"].toInt();
+    const int64_t m = dy.size(0), pn = w8.size(0) - n, pm = pad16(m);
+    const at::Tensor dyp = pn ? at::constant_pad_nd(dy, {0, pn}) : dy;
+    const Quantized qdy = r.scaling == Scaling::Delayed
+                              ? quantize(dyp, r.grad_dtype, dx_options.a_slot)
+                              : quantize(dyp, r.grad_dtype, r.scaling);
     if (ctx->needs_input_grad(0)) {
-      dx = scaled_mm(dy, weight.t(), dx_options).to(x.scalar_type());
+      // dx = dy @ W: (m, n') x (k', n')^T.
+      const at::Tensor out = product(qdy.data, qdy.inv_scale, transposed(w8, 0), w_inv, dx_options);
+      dx = (out.size(1) != k ? out.narrow(1, 0, k) : out).to(x_dtype);
     }
     if (ctx->needs_input_grad(1)) {
-      dw = scaled_mm(dy.t(), x.t(), dw_options).to(weight.scalar_type());
+      // dW = dy^T @ x: (n, m') x (k', m')^T, m padded with zeros to m'.
+      at::Tensor dyt = transposed(qdy.data, pm);
+      if (pn) dyt = dyt.narrow(0, 0, n).contiguous();
+      const at::Tensor out = product(dyt, qdy.inv_scale, transposed(x8, pm), x_inv, dw_options);
+      dw = (out.size(1) != k ? out.narrow(1, 0, k) : out).to(w_dtype);
     }
     return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor()};
   }

@@ -10,6 +10,7 @@
 // its scale's whole output nan (never finite wrong numbers): the whole product for one scale
 // per tensor, the rows it is in for row-wise scales.
 #include <cstdint>
+#include <limits>
 
 #include <ATen/ATen.h>
 
@@ -46,20 +47,43 @@ struct Quantized {
   at::Tensor inv_scale;  ///< fp32: 0-dim (Tensorwise) or (rows, 1) (Rowwise)
 };
 
+namespace detail {
+
+// The largest magnitude of `t` in fp32: 0-dim, or (rows, 1) per row. One pass over `t` in its
+// own dtype and strides; exact (the largest magnitude is one of the values, and rounding to
+// fp32 keeps their order). inf or nan when `t` holds one.
+inline at::Tensor amax(const at::Tensor& t, bool per_row) {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  const at::Tensor m = per_row ? at::linalg_vector_norm(t, inf, at::IntArrayRef{1}, true)
+                               : at::linalg_vector_norm(t, inf);
+  return m.to(at::kFloat);
+}
+
+// clamp(t * scale, -top, top) cast to `dtype`, row-major whatever t's strides: t is read
+// once in its own dtype and multiplied in fp32 (a 0-dim scale is given a dimension, so that
+// it does not leave the product in t's dtype), clamped in place and cast.
+inline at::Tensor cast(const at::Tensor& t, const at::Tensor& scale, c10::ScalarType dtype,
+                       double top) {
+  const at::Tensor src = t.scalar_type() == at::kDouble ? t.to(at::kFloat) : t;
+  at::Tensor x = at::empty(src.sizes(), src.options().dtype(at::kFloat));
+  at::mul_out(x, src, scale.dim() == 0 ? scale.view({1, 1}) : scale);
+  return x.clamp_(-top, top).to(dtype);
+}
+
+}  // namespace detail
+
 /// Casts the 2-D `t` (any floating dtype, any strides) to the fp8 `dtype`, with scales per
-/// tensor or per row (dimension 0; the rows run along the contraction dimension 1).
+/// tensor or per row (dimension 0; the rows run along the contraction dimension 1). Four
+/// passes over the data: the amax, the product by the scale, the clamp, the cast.
 inline Quantized quantize(const at::Tensor& t, c10::ScalarType dtype, Scaling scaling) {
   if (t.dim() != 2) throw Error("loom::fp8::quantize: expected a matrix");
   if (scaling == Scaling::Delayed) {
     throw Error("loom::fp8::quantize: Scaling::Delayed takes its scale from a ScaleSlot");
   }
   const double top = max_value(dtype);
-  const at::Tensor x = t.to(at::kFloat).contiguous();
-  const at::Tensor amax =
-      (scaling == Scaling::Tensorwise ? x.abs().amax() : x.abs().amax({1}, /*keepdim=*/true))
-          .clamp_min(kAmaxFloor);
+  const at::Tensor amax = detail::amax(t, scaling == Scaling::Rowwise).clamp_min_(kAmaxFloor);
   const at::Tensor scale = at::reciprocal(amax).mul_(top);
-  return {x.mul(scale).clamp_(-top, top).to(dtype), at::reciprocal(scale)};
+  return {detail::cast(t, scale, dtype, top), at::reciprocal(scale)};
 }
 
 /// Where a delayed-scaling operand takes its scale from and records its amax (delayed.hpp).
@@ -74,13 +98,12 @@ struct ScaleSlot {
 inline Quantized quantize(const at::Tensor& t, c10::ScalarType dtype, const ScaleSlot& slot) {
   if (t.dim() != 2) throw Error("loom::fp8::quantize: expected a matrix");
   const double top = max_value(dtype);
-  const at::Tensor x = t.to(at::kFloat).contiguous();
-  const at::Tensor amax = x.abs().amax();
+  const at::Tensor amax = detail::amax(t, false);
   at::Tensor recorded = slot.amax;  // the same tensor: maximum_out writes the slot in place
   at::maximum_out(recorded, slot.amax, amax);
   // amax - amax is 0, or nan when amax is inf or nan: then every element is nan.
   const at::Tensor scale = slot.scale + (amax - amax);
-  return {x.mul(scale).clamp_(-top, top).to(dtype), at::reciprocal(slot.scale)};
+  return {detail::cast(t, scale, dtype, top), at::reciprocal(slot.scale)};
 }
 
 /// The recipe of one product.
@@ -120,6 +143,19 @@ class [[nodiscard]] CpuEmulatedScaledMm {
 
 }  // namespace detail
 
+/// a @ b^T for operands already in fp8: a (m, k) and b (n, k), both row-major with k and n
+/// multiples of 16; tensor-wise scales (0-dim) or row-wise ones ((m, 1) and (n, 1)) as
+/// quantize() makes them. The result is (m, n) in `out_dtype`.
+inline at::Tensor mm(const Quantized& a, const Quantized& b, c10::ScalarType out_dtype,
+                     bool fast_accum = false) {
+  // _scaled_mm: a row-major, b column-major (the transpose of a contiguous (n, k)); row-wise
+  // scales (m, 1) and (1, n).
+  const at::Tensor scale_b = b.inv_scale.dim() == 2 ? b.inv_scale.t().contiguous() : b.inv_scale;
+  const detail::CpuEmulatedScaledMm emulated(a.data.is_cpu());
+  return at::_scaled_mm(a.data, b.data.t(), a.inv_scale, scale_b, /*bias=*/std::nullopt,
+                        /*scale_result=*/std::nullopt, out_dtype, fast_accum);
+}
+
 /// a @ b^T for a (m, k) and b (n, k), both cast to fp8 as `options` says; (m, n) in
 /// options.out_dtype. k and n are padded with zeros to multiples of 16 where they are not
 /// (cuBLASLt's rule; zeros change neither the product nor a scale).
@@ -142,14 +178,7 @@ inline at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b,
                                : quantize(ap, options.a_dtype, options.scaling);
   const Quantized qb = delayed ? quantize(bp, options.b_dtype, options.b_slot)
                                : quantize(bp, options.b_dtype, options.scaling);
-  // _scaled_mm: a row-major, b column-major (the transpose of a contiguous (n, k)); row-wise
-  // scales (m, 1) and (1, n).
-  const at::Tensor scale_b =
-      options.scaling == Scaling::Rowwise ? qb.inv_scale.t().contiguous() : qb.inv_scale;
-  const detail::CpuEmulatedScaledMm emulated(qa.data.is_cpu());
-  at::Tensor out = at::_scaled_mm(qa.data, qb.data.t(), qa.inv_scale, scale_b,
-                                  /*bias=*/std::nullopt, /*scale_result=*/std::nullopt,
-                                  options.out_dtype, options.fast_accum);
+  at::Tensor out = mm(qa, qb, options.out_dtype, options.fast_accum);
   return pn ? out.narrow(1, 0, n) : out;
 }
 

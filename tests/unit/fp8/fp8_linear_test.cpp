@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -158,6 +160,84 @@ TEST_CASE("fp8 linear: zeros stay zero, padding and strides change nothing", "[f
   CHECK(y3.reshape({40, 24}).equal(run(x, w, g, {}).y));
   const auto pad = loom::fp8::scaled_mm(at::randn({5, 40}), at::randn({24, 40}));
   CHECK(pad.sizes() == at::IntArrayRef({5, 24}));
+}
+
+TEST_CASE("fp8 quantize: one pass in the input's own dtype gives the fp32 formula's bits",
+          "[fp8]") {
+  at::manual_seed(13);
+  const auto base = at::randn({48, 40}) * 3.0;
+  base[7][2] = 700.0;  // clamped by e4m3's 448 once scaled by another row's amax
+  for (const auto dtype : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble}) {
+    for (const bool transposed : {false, true}) {
+      const auto t = transposed ? base.to(dtype).t() : base.to(dtype);
+      for (const Scaling s : {Scaling::Tensorwise, Scaling::Rowwise}) {
+        for (const auto f : {c10::kFloat8_e4m3fn, c10::kFloat8_e5m2}) {
+          INFO(c10::toString(dtype) << (transposed ? " transposed " : " ") << static_cast<int>(s)
+                                    << " " << c10::toString(f));
+          // The formula: fp32, contiguous, amax, scale = top / amax, clamp, cast.
+          const double top = loom::fp8::max_value(f);
+          const auto x = t.to(at::kFloat).contiguous();
+          const auto amax = (s == Scaling::Tensorwise ? x.abs().amax() : x.abs().amax({1}, true))
+                                .clamp_min(1e-12);
+          const auto scale = at::reciprocal(amax).mul_(top);
+          const auto want = x.mul(scale).clamp_(-top, top).to(f);
+          const auto got = loom::fp8::quantize(t, f, s);
+          CHECK(got.data.is_contiguous());
+          CHECK(got.data.scalar_type() == f);
+          CHECK(got.data.view(at::kByte).equal(want.view(at::kByte)));
+          CHECK(got.inv_scale.equal(at::reciprocal(scale)));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("fp8 linear: one cast per operand gives three scaled_mm calls' bits", "[fp8]") {
+  // Tensor-wise and delayed scales cast each operand once and reuse it, transposed, in the
+  // backward products: the values must be those of three independent scaled_mm calls.
+  at::manual_seed(17);
+  struct Dims {
+    int64_t m, k, n;
+  };
+  for (const Dims d : {Dims{40, 48, 32}, Dims{64, 32, 16}, Dims{40, 40, 24}, Dims{7, 20, 10}}) {
+    for (const Scaling s : {Scaling::Tensorwise, Scaling::Delayed}) {
+      INFO("m " << d.m << " k " << d.k << " n " << d.n << " scaling " << static_cast<int>(s));
+      const auto x = at::randn({d.k, d.m}).t().to(at::kBFloat16);  // not contiguous, bf16
+      const auto w = at::randn({d.n, d.k}) * 0.1;
+      const auto g = at::randn({d.m, d.n}).to(at::kBFloat16).to(at::kFloat);
+      loom::fp8::LinearRecipe r{s};
+      // Delayed: two blocks in the same state, with scales other than 1.
+      auto block = [&] {
+        auto b = std::make_shared<loom::fp8::DelayedBlock>(
+            loom::fp8::DelayedBlock::make(1, r.delayed, c10::kCPU));
+        b->scale.copy_(at::tensor(std::vector<float>{20.0f, 3000.0f, 2e4f}).view({1, 3}));
+        b->amax_history.select(0, 0).fill_(0.5);
+        return b;
+      };
+      const auto mine = block(), theirs = block();
+      auto xv = x.detach().clone().requires_grad_();
+      auto wv = w.detach().clone().requires_grad_();
+      const auto y = loom::fp8::linear(xv, wv, at::Tensor(), r, {mine, 0});
+      (y.to(at::kFloat) * g).sum().backward();
+
+      auto o = loom::fp8::detail::forward_options(r), ox = loom::fp8::detail::grad_input_options(r),
+           ow = loom::fp8::detail::grad_weight_options(r);
+      if (s == Scaling::Delayed) {
+        o.a_slot = theirs->slot(0, loom::fp8::Operand::Input);
+        o.b_slot = ow.b_slot = theirs->slot(0, loom::fp8::Operand::Weight);
+        ox.a_slot = ow.a_slot = theirs->slot(0, loom::fp8::Operand::GradOutput);
+        ox.b_slot = theirs->slot(0, loom::fp8::Operand::Weight);
+        ow.b_slot = theirs->slot(0, loom::fp8::Operand::Input);
+      }
+      const auto dy = g.to(at::kBFloat16);
+      CHECK(y.equal(loom::fp8::scaled_mm(x, w, o)));
+      CHECK(xv.grad().equal(loom::fp8::scaled_mm(dy, w.t(), ox).to(at::kBFloat16)));
+      CHECK(wv.grad().equal(loom::fp8::scaled_mm(dy.t(), x.t(), ow).to(at::kFloat)));
+      CHECK(mine->amax_history.equal(theirs->amax_history));
+      CHECK(xv.grad().scalar_type() == at::kBFloat16);
+      CHECK(wv.grad().sizes() == w.sizes());
+    }
+  }
 }
 
 TEST_CASE("fp8 linear: inf and nan make their scale's outputs nan, never finite numbers", "[fp8]") {
