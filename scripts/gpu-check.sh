@@ -150,6 +150,13 @@ if not kv:
 speedup = float(next(l.split()[1] for l in lines if l.startswith("speedup")))
 print(f"\nsteps/s: bf16 {float(kv['bf16 steps_per_s']):.2f}, fp8 {float(kv['fp8 steps_per_s']):.2f}; "
       f"fp8 / bf16 = {speedup:.2f}x (target >= 1.5: {'PASS' if speedup >= 1.5 else 'FAIL'})\n")
+ops = dict((l.split()[1], float(l.split()[2])) for l in lines if l.startswith("op "))
+if ops:
+    print("| where the time goes (one call, ms) | bf16 | fp8 |\n|---|---:|---:|")
+    print(f"| first layer's product (operands cast) | {ops.get('bf16_mm', 0):.3f} | {ops.get('fp8_mm', 0):.3f} |")
+    print(f"| cast of the hidden activation to e4m3 | - | {ops.get('fp8_cast_hidden', 0):.3f} |")
+    print(f"| first layer, forward + backward | {ops.get('bf16_linear_fwd_bwd', 0):.3f} | {ops.get('fp8_linear_fwd_bwd', 0):.3f} |")
+    print()
 print("| step | loss bf16 | loss fp8 |\n|---:|---:|---:|")
 for l in lines:
     if l.startswith("loss "):

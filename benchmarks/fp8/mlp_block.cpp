@@ -8,9 +8,12 @@
 //
 // The block: Linear(dim, hidden) -> GELU -> Linear(hidden, dim), fp32 master weights, fused
 // AdamW, an MSE loss against a fixed target (a random teacher block's output). Prints
-// `key value` lines: "bf16 steps_per_s X", "fp8 steps_per_s X", "speedup X", then one
-// "loss STEP BF16 FP8" line every 10 steps. On a machine without CUDA, or a GPU below compute
-// capability 8.9 (no fp8 matmuls), it says so and exits 0.
+// `key value` lines: "bf16 steps_per_s X", "fp8 steps_per_s X", "speedup X"; then where the
+// time goes, "op NAME MS" lines (mean of 20, after warm-up): one product of the first layer's
+// shape in bf16 and in fp8 (operands already cast), one cast to fp8 of the hidden activation
+// (tokens x hidden, bf16), and the first layer's forward and backward in bf16 autocast and in
+// fp8; then one "loss STEP BF16 FP8" line every 10 steps. On a machine without CUDA, or a GPU below
+// compute capability 8.9 (no fp8 matmuls), it says so and exits 0.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -65,6 +68,50 @@ void sync(const at::Device& d) {
   if (d.is_cuda()) c10::cuda::device_synchronize();
 }
 
+// Mean milliseconds of `f` over 20 calls after 3 untimed ones.
+template <class F>
+double ms(const at::Device& device, F&& f) {
+  for (int i = 0; i < 3; ++i) f();
+  sync(device);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 20; ++i) f();
+  sync(device);
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+         20.0;
+}
+
+// Where a step's time goes: the first layer's product in bf16 and in fp8, one cast, and the
+// layer's forward and backward both ways.
+void ops(const at::Device& device, int64_t tokens, int64_t dim, int64_t hidden) {
+  namespace fp8 = loom::fp8;
+  const auto bf = at::TensorOptions().device(device).dtype(at::kBFloat16);
+  const auto x = at::randn({tokens, dim}, bf), w = at::randn({hidden, dim}, bf) * 0.02;
+  const auto h = at::randn({tokens, hidden}, bf);
+  const auto e4 = c10::kFloat8_e4m3fn;
+  const fp8::Quantized qx = fp8::quantize(x, e4, fp8::Scaling::Tensorwise);
+  const fp8::Quantized qw = fp8::quantize(w, e4, fp8::Scaling::Tensorwise);
+  std::printf("op bf16_mm %.4f\n", ms(device, [&] { return at::mm(x, w.t()); }));
+  std::printf("op fp8_mm %.4f\n",
+              ms(device, [&] { return fp8::mm(qx, qw, c10::kBFloat16, /*fast_accum=*/true); }));
+  std::printf("op fp8_cast_hidden %.4f\n",
+              ms(device, [&] { return fp8::quantize(h, e4, fp8::Scaling::Tensorwise); }));
+  const auto wf = (at::randn({hidden, dim}, bf.dtype(at::kFloat)) * 0.02).requires_grad_();
+  const auto g = at::randn({tokens, hidden}, bf);
+  std::printf("op bf16_linear_fwd_bwd %.4f\n", ms(device, [&] {
+                loom::amp::AutocastGuard autocast(device.type(), c10::kBFloat16);
+                auto xg = x.detach().requires_grad_();
+                auto y = at::linear(xg, wf);
+                y.backward(g);
+                wf.mutable_grad().reset();
+              }));
+  std::printf("op fp8_linear_fwd_bwd %.4f\n", ms(device, [&] {
+                auto xg = x.detach().requires_grad_();
+                auto y = fp8::linear(xg, wf, at::Tensor());
+                y.backward(g);
+                wf.mutable_grad().reset();
+              }));
+}
+
 template <class Device>
 int bench(int64_t tokens, int64_t dim, int64_t hidden, int steps) {
   const at::Device device = Device().device();
@@ -100,6 +147,7 @@ int bench(int64_t tokens, int64_t dim, int64_t hidden, int steps) {
   }
   std::printf("bf16 steps_per_s %.3f\nfp8 steps_per_s %.3f\nspeedup %.3f\n", rate[0], rate[1],
               rate[1] / rate[0]);
+  ops(device, tokens, dim, hidden);
   // Loss curves from the same start.
   Bf16 a(dim, hidden);
   Fp8 b(dim, hidden);
