@@ -1,8 +1,10 @@
 #pragma once
 // loom::fp8::linear: y = x W^T + b with the forward product and both backward products in
 // fp8 (scaled_mm.hpp): e4m3 for the input and the weight, e5m2 (by default) for the output's
-// gradient, never e5m2 x e5m2. The input and the weight are kept in their own dtypes for the
-// backward pass and cast again there, along the dimension each product contracts.
+// gradient, never e5m2 x e5m2. Under tensor-wise and delayed scales each operand is cast
+// once and its fp8 bytes transposed for the backward products; under row-wise scales the
+// input and the weight are kept in their own dtypes for the backward pass and cast again
+// there, along the dimension each product contracts (LinearFunction below).
 //
 //   forward   y  = x  @ W^T     (m, k) x (n, k)^T   out bf16, fast accumulation
 //   backward  dx = dy @ W       (m, n) x (k, n)^T   out bf16
