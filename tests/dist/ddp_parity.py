@@ -78,16 +78,21 @@ def python_side(d, precision):
     dist.destroy_process_group()
 
 
-def torchrun(*cmd):
+def torchrun(*cmd, attempts=1):
     exe = Path(sys.executable).with_name("torchrun")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    r = subprocess.run([str(exe), "--standalone", f"--nproc-per-node={WORLD}", *cmd], env=env,
-                       capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
+    for attempt in range(1, attempts + 1):
+        r = subprocess.run([str(exe), "--standalone", f"--nproc-per-node={WORLD}", *cmd],
+                           env=env, capture_output=True, text=True, timeout=300)
+        if r.returncode == 0:
+            return
         sys.stderr.write(r.stdout[-3000:] + r.stderr[-3000:])
-        raise SystemExit(f"ddp_parity: {' '.join(cmd[:3])} failed with exit {r.returncode}")
+        if attempt < attempts:
+            print(f"ddp_parity: {' '.join(cmd[:3])} failed with exit {r.returncode} "
+                  f"(attempt {attempt} of {attempts}); running it again")
+    raise SystemExit(f"ddp_parity: {' '.join(cmd[:3])} failed with exit {r.returncode}")
 
 
 def driver(worker, d):
@@ -97,8 +102,11 @@ def driver(worker, d):
     for precision in PRECISIONS:
         for f in d.glob("*_rank*.bin"):
             f.unlink()
+        # Python's own DDP is the reference: a rare crash of stock torch's gloo ranks ("terminate
+        # called without an active exception", SIGABRT) is not loom's, so its side gets a
+        # second attempt; loom's side gets one.
         torchrun(__file__, "--role", "python", "--dir", str(d), "--precision",
-                 precision)
+                 precision, attempts=2)
         torchrun("--no-python", worker, "parity", f"dir={d}", f"precision={precision}",
                  f"samples={SAMPLES}", f"epochs={EPOCHS}", f"batch={BATCH}")
         py = [np.fromfile(d / f"python_rank{r}.bin", dtype="<f4") for r in range(WORLD)]
