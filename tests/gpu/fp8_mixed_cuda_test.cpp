@@ -3,11 +3,13 @@
 // the device, fp8-mixed trains an MLP classifier as well as bf16-mixed, and a GPU below
 // compute capability 8.9 is refused when the runtime is built.
 #include "support/catch.hpp"
+#include "support/fp8_casts.hpp"
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -104,23 +106,17 @@ TEST_CASE("fp8 on CUDA: the casts are the CPU's bytes", "[fp8][cuda][gpu]") {
   at::manual_seed(1);
   const auto base = at::randn({96, 80}) * 5.0;
   base[3][4] = 1e4;
-  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
-    for (const bool transposed : {false, true}) {
-      const auto t = transposed ? base.to(dtype).t() : base.to(dtype);
-      for (const Scaling s : {Scaling::Tensorwise, Scaling::Rowwise}) {
-        for (const auto f : {c10::kFloat8_e4m3fn, c10::kFloat8_e5m2}) {
-          INFO(c10::toString(dtype) << (transposed ? " transposed " : " ") << static_cast<int>(s)
-                                    << " " << c10::toString(f));
-          const auto cpu = loom::fp8::quantize(t, f, s);
-          const auto gpu = loom::fp8::quantize(t.cuda(), f, s);
-          CHECK(gpu.data.is_cuda());
-          CHECK(gpu.data.is_contiguous());
-          CHECK(gpu.data.view(at::kByte).cpu().equal(cpu.data.view(at::kByte)));
-          CHECK(gpu.inv_scale.cpu().equal(cpu.inv_scale));
-        }
-      }
-    }
-  }
+  loom::testing::for_each_fp8_cast(
+      base, {at::kFloat, at::kBFloat16},
+      [](const at::Tensor& t, Scaling s, c10::ScalarType f, const std::string& name) {
+        INFO(name);
+        const auto cpu = loom::fp8::quantize(t, f, s);
+        const auto gpu = loom::fp8::quantize(t.cuda(), f, s);
+        CHECK(gpu.data.is_cuda());
+        CHECK(gpu.data.is_contiguous());
+        CHECK(gpu.data.view(at::kByte).cpu().equal(cpu.data.view(at::kByte)));
+        CHECK(gpu.inv_scale.cpu().equal(cpu.inv_scale));
+      });
 }
 
 TEST_CASE("fp8 on CUDA: a linear layer's products are the CPU's, every recipe",

@@ -3,6 +3,7 @@
 // derived from the formats (docs/fp8.md), with outliers, zeros, inf/nan, padding and
 // non-contiguous inputs.
 #include "support/catch.hpp"
+#include "support/fp8_casts.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -167,29 +168,23 @@ TEST_CASE("fp8 quantize: one pass in the input's own dtype gives the fp32 formul
   at::manual_seed(13);
   const auto base = at::randn({48, 40}) * 3.0;
   base[7][2] = 700.0;  // clamped by e4m3's 448 once scaled by another row's amax
-  for (const auto dtype : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble}) {
-    for (const bool transposed : {false, true}) {
-      const auto t = transposed ? base.to(dtype).t() : base.to(dtype);
-      for (const Scaling s : {Scaling::Tensorwise, Scaling::Rowwise}) {
-        for (const auto f : {c10::kFloat8_e4m3fn, c10::kFloat8_e5m2}) {
-          INFO(c10::toString(dtype) << (transposed ? " transposed " : " ") << static_cast<int>(s)
-                                    << " " << c10::toString(f));
-          // The formula: fp32, contiguous, amax, scale = top / amax, clamp, cast.
-          const double top = loom::fp8::max_value(f);
-          const auto x = t.to(at::kFloat).contiguous();
-          const auto amax = (s == Scaling::Tensorwise ? x.abs().amax() : x.abs().amax({1}, true))
-                                .clamp_min(1e-12);
-          const auto scale = at::reciprocal(amax).mul_(top);
-          const auto want = x.mul(scale).clamp_(-top, top).to(f);
-          const auto got = loom::fp8::quantize(t, f, s);
-          CHECK(got.data.is_contiguous());
-          CHECK(got.data.scalar_type() == f);
-          CHECK(got.data.view(at::kByte).equal(want.view(at::kByte)));
-          CHECK(got.inv_scale.equal(at::reciprocal(scale)));
-        }
-      }
-    }
-  }
+  loom::testing::for_each_fp8_cast(
+      base, {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble},
+      [](const at::Tensor& t, Scaling s, c10::ScalarType f, const std::string& name) {
+        INFO(name);
+        // The formula: fp32, contiguous, amax, scale = top / amax, clamp, cast.
+        const double top = loom::fp8::max_value(f);
+        const auto x = t.to(at::kFloat).contiguous();
+        const auto amax =
+            (s == Scaling::Tensorwise ? x.abs().amax() : x.abs().amax({1}, true)).clamp_min(1e-12);
+        const auto scale = at::reciprocal(amax).mul_(top);
+        const auto want = x.mul(scale).clamp_(-top, top).to(f);
+        const auto got = loom::fp8::quantize(t, f, s);
+        CHECK(got.data.is_contiguous());
+        CHECK(got.data.scalar_type() == f);
+        CHECK(got.data.view(at::kByte).equal(want.view(at::kByte)));
+        CHECK(got.inv_scale.equal(at::reciprocal(scale)));
+      });
 }
 
 TEST_CASE("fp8 linear: one cast per operand gives three scaled_mm calls' bits", "[fp8]") {

@@ -350,6 +350,35 @@ TEST_CASE("fp8-mixed is selected by name, and transformer-engine names it", "[fp
   CHECK_NOTHROW(p.bind_device(c10::Device(c10::kCPU)));
 }
 
+namespace {
+
+// An fp8-mixed run's losses against bf16-mixed's, in percent, printed on one line.
+struct Against {
+  double learned;   // held-out, the final weights evaluated in bf16
+  double forward;   // held-out, through the run's own forward
+  double training;  // the training loss of the last 50 steps
+};
+
+Against against(const char* task, Scaling s, const Trained& bf16, const Trained& fp8) {
+  auto pct = [](double got, double ref) { return 100.0 * (got - ref) / ref; };
+  const double train_ref = mean_of_last(bf16.losses, 50), train = mean_of_last(fp8.losses, 50);
+  const Against a{pct(fp8.heldout_bf16, bf16.heldout_bf16), pct(fp8.heldout, bf16.heldout),
+                  pct(train, train_ref)};
+  std::printf(
+      "[fp8] %s %-10s held-out loss, final weights in bf16: bf16-mixed %.5f, fp8-mixed "
+      "%.5f (%+.2f%%); through the run's forward: %.5f (%+.2f%%); training loss, last "
+      "50 steps: %.5f vs %.5f (%+.2f%%); first step %.4f\n",
+      task,
+      s == Scaling::Tensorwise ? "tensorwise"
+      : s == Scaling::Rowwise  ? "rowwise"
+                               : "delayed",
+      bf16.heldout_bf16, fp8.heldout_bf16, a.learned, fp8.heldout, a.forward, train_ref, train,
+      a.training, bf16.losses.front());
+  return a;
+}
+
+}  // namespace
+
 TEST_CASE("fp8-mixed trains a small MLP as well as bf16-mixed", "[fp8][train]") {
   // MLP 64-256-256-16 (GELU), a teacher plus noise of variance 0.04 (the loss's floor),
   // 600 steps from the same weights on the same batches.
@@ -357,24 +386,14 @@ TEST_CASE("fp8-mixed trains a small MLP as well as bf16-mixed", "[fp8][train]") 
   const auto bf16 = train_mlp(loom::Bf16Mixed{}, steps, 256);
   const auto s = GENERATE(Scaling::Tensorwise, Scaling::Rowwise, Scaling::Delayed);
   const auto fp8 = train_mlp(loom::Fp8Mixed(recipe(s, 16)), steps, 256);
-  auto pct = [](double got, double ref) { return 100.0 * (got - ref) / ref; };
-  const double train_ref = mean_of_last(bf16.losses, 50), train = mean_of_last(fp8.losses, 50);
-  std::printf(
-      "[fp8] %-10s held-out loss, final weights in bf16: bf16-mixed %.5f, fp8-mixed "
-      "%.5f (%+.2f%%); through the run's forward: %.5f (%+.2f%%); training loss, last "
-      "50 steps: %.5f vs %.5f (%+.2f%%); first step %.4f\n",
-      s == Scaling::Tensorwise ? "tensorwise"
-      : s == Scaling::Rowwise  ? "rowwise"
-                               : "delayed",
-      bf16.heldout_bf16, fp8.heldout_bf16, pct(fp8.heldout_bf16, bf16.heldout_bf16), fp8.heldout,
-      pct(fp8.heldout, bf16.heldout), train_ref, train, pct(train, train_ref), bf16.losses.front());
+  const Against a = against("regression", s, bf16, fp8);
   CHECK(bf16.losses.front() > 5 * bf16.heldout);  // it learned, towards the floor of 0.04
   CHECK(bf16.heldout == bf16.heldout_bf16);       // bf16-mixed's forward is bf16 autocast
   // What was learned: the same weights' loss within 1% of bf16-mixed's.
-  CHECK(std::abs(pct(fp8.heldout_bf16, bf16.heldout_bf16)) <= 1.0);
+  CHECK(std::abs(a.learned) <= 1.0);
   // The fp8 forward's own rounding adds to its loss: within 1.5%.
-  CHECK(std::abs(pct(fp8.heldout, bf16.heldout)) <= 1.5);
-  CHECK(std::abs(pct(train, train_ref)) <= 1.5);
+  CHECK(std::abs(a.forward) <= 1.5);
+  CHECK(std::abs(a.training) <= 1.5);
 }
 
 TEST_CASE("fp8-mixed trains a small MLP classifier as well as bf16-mixed", "[fp8][train]") {
@@ -384,23 +403,13 @@ TEST_CASE("fp8-mixed trains a small MLP classifier as well as bf16-mixed", "[fp8
   const auto bf16 = train_mlp(loom::Bf16Mixed{}, steps, 256, Task::Classification);
   const auto s = GENERATE(Scaling::Tensorwise, Scaling::Rowwise, Scaling::Delayed);
   const auto fp8 = train_mlp(loom::Fp8Mixed(recipe(s, 16)), steps, 256, Task::Classification);
-  auto pct = [](double got, double ref) { return 100.0 * (got - ref) / ref; };
-  const double train_ref = mean_of_last(bf16.losses, 50), train = mean_of_last(fp8.losses, 50);
-  std::printf(
-      "[fp8] classes %-10s held-out loss, final weights in bf16: bf16-mixed %.5f, fp8-mixed "
-      "%.5f (%+.2f%%); through the run's forward: %.5f (%+.2f%%); training loss, last "
-      "50 steps: %.5f vs %.5f (%+.2f%%); first step %.4f\n",
-      s == Scaling::Tensorwise ? "tensorwise"
-      : s == Scaling::Rowwise  ? "rowwise"
-                               : "delayed",
-      bf16.heldout_bf16, fp8.heldout_bf16, pct(fp8.heldout_bf16, bf16.heldout_bf16), fp8.heldout,
-      pct(fp8.heldout, bf16.heldout), train_ref, train, pct(train, train_ref), bf16.losses.front());
+  const Against a = against("classifier", s, bf16, fp8);
   CHECK(bf16.losses.front() > 1.5 * bf16.heldout);  // it learned
   CHECK(bf16.heldout == bf16.heldout_bf16);
   // Every loss within 1% of bf16-mixed's: what was learned, the fp8 forward's own, training.
-  CHECK(std::abs(pct(fp8.heldout_bf16, bf16.heldout_bf16)) <= 1.0);
-  CHECK(std::abs(pct(fp8.heldout, bf16.heldout)) <= 1.0);
-  CHECK(std::abs(pct(train, train_ref)) <= 1.0);
+  CHECK(std::abs(a.learned) <= 1.0);
+  CHECK(std::abs(a.forward) <= 1.0);
+  CHECK(std::abs(a.training) <= 1.0);
 }
 
 TEST_CASE("an fp8-mixed run saved and resumed is bitwise the straight run", "[fp8][resume]") {
