@@ -67,12 +67,6 @@ inline at::Tensor transposed(const at::Tensor& data, int64_t pad) {
   return out.view(data.scalar_type());
 }
 
-// One product a @ b^T of operands already cast: what backward computes from them.
-inline at::Tensor product(const at::Tensor& a, const at::Tensor& a_inv, const at::Tensor& b,
-                          const at::Tensor& b_inv, const MatmulOptions& o) {
-  return mm({a, a_inv}, {b, b_inv}, o.out_dtype, o.fast_accum);
-}
-
 // Under Scaling::Tensorwise and Scaling::Delayed one scale serves an operand in every
 // product, so each operand is cast once: forward keeps its fp8 input and weight for
 // backward, which casts the output gradient once and transposes the fp8 tensors it needs
@@ -102,20 +96,14 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
       ctx->save_for_backward({x, weight});
       return scaled_mm(x, weight, o);
     }
-    // The same padding as scaled_mm: k for both, n for the weight.
-    const int64_t n = weight.size(0), pk = pad16(x.size(1)), pn = pad16(n);
-    const at::Tensor xp = pk ? at::constant_pad_nd(x, {0, pk}) : x;
-    const at::Tensor wp = (pk || pn) ? at::constant_pad_nd(weight, {0, pk, 0, pn}) : weight;
-    const bool dl = r.scaling == Scaling::Delayed;
-    const Quantized qx =
-        dl ? quantize(xp, o.a_dtype, o.a_slot) : quantize(xp, o.a_dtype, o.scaling);
-    const Quantized qw =
-        dl ? quantize(wp, o.b_dtype, o.b_slot) : quantize(wp, o.b_dtype, o.scaling);
-    ctx->save_for_backward({qx.data, qx.inv_scale, qw.data, qw.inv_scale});
+    // scaled_mm's operands, kept for backward: x8 (m, k'), w8 (n', k').
+    const Operands q = cast_operands(x, weight, o);
+    ctx->save_for_backward({q.a.data, q.a.inv_scale, q.b.data, q.b.inv_scale});
+    const int64_t n = weight.size(0);
     ctx->saved_data["n"] = n;
     ctx->saved_data["k"] = x.size(1);
-    const at::Tensor y = mm(qx, qw, o.out_dtype, o.fast_accum);
-    return pn ? y.narrow(1, 0, n) : y;
+    const at::Tensor y = mm(q.a, q.b, o.out_dtype, o.fast_accum);
+    return y.size(1) != n ? y.narrow(1, 0, n) : y;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -144,19 +132,19 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     const int64_t n = ctx->saved_data["n"].toInt(), k = ctx->saved_data["k"].toInt();
     const int64_t m = dy.size(0), pn = w8.size(0) - n, pm = pad16(m);
     const at::Tensor dyp = pn ? at::constant_pad_nd(dy, {0, pn}) : dy;
-    const Quantized qdy = r.scaling == Scaling::Delayed
-                              ? quantize(dyp, r.grad_dtype, dx_options.a_slot)
-                              : quantize(dyp, r.grad_dtype, r.scaling);
+    const Quantized qdy = quantize(dyp, r.grad_dtype, r.scaling, dx_options.a_slot);
     if (ctx->needs_input_grad(0)) {
       // dx = dy @ W: (m, n') x (k', n')^T.
-      const at::Tensor out = product(qdy.data, qdy.inv_scale, transposed(w8, 0), w_inv, dx_options);
+      const at::Tensor out =
+          mm(qdy, {transposed(w8, 0), w_inv}, dx_options.out_dtype, dx_options.fast_accum);
       dx = (out.size(1) != k ? out.narrow(1, 0, k) : out).to(x_dtype);
     }
     if (ctx->needs_input_grad(1)) {
       // dW = dy^T @ x: (n, m') x (k', m')^T, m padded with zeros to m'.
       at::Tensor dyt = transposed(qdy.data, pm);
       if (pn) dyt = dyt.narrow(0, 0, n).contiguous();
-      const at::Tensor out = product(dyt, qdy.inv_scale, transposed(x8, pm), x_inv, dw_options);
+      const at::Tensor out = mm({dyt, qdy.inv_scale}, {transposed(x8, pm), x_inv},
+                                dw_options.out_dtype, dw_options.fast_accum);
       dw = (out.size(1) != k ? out.narrow(1, 0, k) : out).to(w_dtype);
     }
     return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor()};

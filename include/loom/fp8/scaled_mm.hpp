@@ -106,6 +106,12 @@ inline Quantized quantize(const at::Tensor& t, c10::ScalarType dtype, const Scal
   return {detail::cast(t, scale, dtype, top), at::reciprocal(slot.scale)};
 }
 
+/// Casts `t` by `scaling`: with `slot`'s scale under Scaling::Delayed, else dynamically.
+inline Quantized quantize(const at::Tensor& t, c10::ScalarType dtype, Scaling scaling,
+                          const ScaleSlot& slot) {
+  return scaling == Scaling::Delayed ? quantize(t, dtype, slot) : quantize(t, dtype, scaling);
+}
+
 /// The recipe of one product.
 struct MatmulOptions {
   c10::ScalarType a_dtype = c10::kFloat8_e4m3fn;
@@ -156,6 +162,24 @@ inline at::Tensor mm(const Quantized& a, const Quantized& b, c10::ScalarType out
                         /*scale_result=*/std::nullopt, out_dtype, fast_accum);
 }
 
+namespace detail {
+
+/// The two operands of scaled_mm(a, b, options), cast: k padded with zeros to a multiple of 16
+/// in both, n in b (cuBLASLt's rule; zeros change neither the product nor a scale).
+struct Operands {
+  Quantized a, b;
+};
+
+inline Operands cast_operands(const at::Tensor& a, const at::Tensor& b, const MatmulOptions& o) {
+  const int64_t pk = pad16(a.size(1)), pn = pad16(b.size(0));
+  const at::Tensor ap = pk ? at::constant_pad_nd(a, {0, pk}) : a;
+  const at::Tensor bp = (pk || pn) ? at::constant_pad_nd(b, {0, pk, 0, pn}) : b;
+  return {quantize(ap, o.a_dtype, o.scaling, o.a_slot),
+          quantize(bp, o.b_dtype, o.scaling, o.b_slot)};
+}
+
+}  // namespace detail
+
 /// a @ b^T for a (m, k) and b (n, k), both cast to fp8 as `options` says; (m, n) in
 /// options.out_dtype. k and n are padded with zeros to multiples of 16 where they are not
 /// (cuBLASLt's rule; zeros change neither the product nor a scale).
@@ -167,19 +191,14 @@ inline at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b,
   if (options.a_dtype == c10::kFloat8_e5m2 && options.b_dtype == c10::kFloat8_e5m2) {
     throw Error("loom::fp8::scaled_mm: e5m2 x e5m2 is not a product _scaled_mm runs");
   }
-  const int64_t n = b.size(0), pk = detail::pad16(a.size(1)), pn = detail::pad16(n);
-  const at::Tensor ap = pk ? at::constant_pad_nd(a, {0, pk}) : a;
-  const at::Tensor bp = (pk || pn) ? at::constant_pad_nd(b, {0, pk, 0, pn}) : b;
-  const bool delayed = options.scaling == Scaling::Delayed;
-  if (delayed && !(options.a_slot.scale.defined() && options.b_slot.scale.defined())) {
+  if (options.scaling == Scaling::Delayed &&
+      !(options.a_slot.scale.defined() && options.b_slot.scale.defined())) {
     throw Error("loom::fp8::scaled_mm: Scaling::Delayed needs both operands' scale slots");
   }
-  const Quantized qa = delayed ? quantize(ap, options.a_dtype, options.a_slot)
-                               : quantize(ap, options.a_dtype, options.scaling);
-  const Quantized qb = delayed ? quantize(bp, options.b_dtype, options.b_slot)
-                               : quantize(bp, options.b_dtype, options.scaling);
-  at::Tensor out = mm(qa, qb, options.out_dtype, options.fast_accum);
-  return pn ? out.narrow(1, 0, n) : out;
+  const detail::Operands q = detail::cast_operands(a, b, options);
+  const at::Tensor out = mm(q.a, q.b, options.out_dtype, options.fast_accum);
+  const int64_t n = b.size(0);
+  return out.size(1) != n ? out.narrow(1, 0, n) : out;
 }
 
 }  // namespace loom::fp8
