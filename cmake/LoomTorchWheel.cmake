@@ -21,6 +21,12 @@
 #        $ENV{LOOM_VENV}, $ENV{LOOM_HOME}/torch-<version>, $ENV{HOME}/.cache/loom/torch-<version>
 #        (the last two only with VERSION), at its torch.utils.cmake_prefix_path.
 #   Then it calls loom_torch_link_fix().
+#   LibTorch's config compiles a CUDA program (its GPU probe, when TORCH_CUDA_ARCH_LIST is unset)
+#   with CMAKE_CUDA_STANDARD, which it sets to CMAKE_CXX_STANDARD when empty; CMake 3.25 knows
+#   no CUDA 20 for nvcc, so a project with set(CMAKE_CXX_STANDARD 20) would stop there
+#   ("requires the language dialect CUDA20"). When CMAKE_CUDA_STANDARD is empty and
+#   CMAKE_CXX_STANDARD is above 17, loom_torch_wheel sets CMAKE_CUDA_STANDARD to 17 for the
+#   find_package call and puts it back afterwards.
 #   VERSION       names the environments of step 2. It is no version requirement: a Torch given
 #                 explicitly is used whatever its version.
 #   REQUIRED      stop with an error when no Torch is found; without it Torch_FOUND is false.
@@ -67,6 +73,7 @@ endfunction()
 # sets its variables there; the work is done in the functions below.
 macro(loom_torch_wheel)
   _loom_torch_wheel_begin(${ARGN})
+  _loom_torch_cuda_standard(PUSH)
   find_package(Torch QUIET CONFIG)
   if(NOT Torch_FOUND)
     _loom_torch_wheel_prefix(_loom_torch_wheel_prefix ${ARGN})
@@ -75,8 +82,32 @@ macro(loom_torch_wheel)
     endif()
     unset(_loom_torch_wheel_prefix)
   endif()
+  _loom_torch_cuda_standard(POP)
   _loom_torch_wheel_end(${ARGN})
 endmacro()
+
+# PUSH: when CMAKE_CUDA_STANDARD is empty and CMAKE_CXX_STANDARD is above 17, set the former
+# to 17 in the caller's scope (LibTorch's CUDA probe then compiles with a standard every CMake
+# knows for nvcc); POP: put it back as it was. The same logic is inline in loomConfig.cmake.
+function(_loom_torch_cuda_standard what)
+  if(what STREQUAL "PUSH")
+    if("${CMAKE_CUDA_STANDARD}" STREQUAL "" AND CMAKE_CXX_STANDARD GREATER 17)
+      if(DEFINED CMAKE_CUDA_STANDARD)
+        set(_loom_torch_cuda_standard_was EMPTY PARENT_SCOPE)
+      else()
+        set(_loom_torch_cuda_standard_was UNDEFINED PARENT_SCOPE)
+      endif()
+      set(CMAKE_CUDA_STANDARD 17 PARENT_SCOPE)
+    endif()
+  elseif(_loom_torch_cuda_standard_was)
+    if(_loom_torch_cuda_standard_was STREQUAL "EMPTY")
+      set(CMAKE_CUDA_STANDARD "" PARENT_SCOPE)
+    else()
+      unset(CMAKE_CUDA_STANDARD PARENT_SCOPE)
+    endif()
+    unset(_loom_torch_cuda_standard_was PARENT_SCOPE)
+  endif()
+endfunction()
 
 function(_loom_torch_wheel_begin)
   cmake_parse_arguments(PARSE_ARGV 0 arg REQUIRED "VERSION;PYTHON_VARIABLE"

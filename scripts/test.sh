@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
-# The test suite, as CI runs it (.ci/run): installs what is missing, checks the formatting
-# (scripts/check-format.sh), then builds every test, example and header check and runs them
-# through ctest (the tests labelled gpu need a GPU and are left out), once with GCC 12 in
-# $LOOM_BUILD_DIR (default build/) and once with Clang 14 in $LOOM_BUILD_DIR-clang, both with
-# -DLOOM_WERROR=ON and ccache. The Clang half leaves out the tests labelled packaging too (the
-# install modes other than find_package: they check CMake packaging, not the compiler). Then
-# the checkpoint reader's fuzzer runs for 60 s (scripts/fuzz.sh).
-# Extra arguments go to both ctest runs (e.g. -L install).
+# The test suite: installs what is missing, checks the formatting (scripts/check-format.sh),
+# then builds every test, example and header check with GCC 12 in $LOOM_BUILD_DIR (default
+# build/) and runs them through ctest (the tests labelled gpu need a GPU and are left out), with
+# -DLOOM_WERROR=ON and ccache.
+# With --all, as CI runs it (.ci/run): the same, then the same again with Clang 14 in
+# $LOOM_BUILD_DIR-clang, which leaves out the tests labelled packaging too (the install modes
+# other than find_package: they check CMake packaging, not the compiler), then the checkpoint
+# reader's fuzzer for 60 s (scripts/fuzz.sh, in the Clang tree).
+#   bash scripts/test.sh [--all] [ctest args]   e.g. bash scripts/test.sh -L install
+# Every other argument goes to the ctest runs.
 # Every step runs even when an earlier one fails; the last line sums them up, and the exit
 # status is 0 only when all passed.
 #   LOOM_GCC, LOOM_CLANG  the two compilers (default g++-12, clang++-14)    JOBS  (default nproc)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+all=0
+ctest_args=()
+for arg in "$@"; do
+  if [ "$arg" = "--all" ]; then all=1; else ctest_args+=("$arg"); fi
+done
+set -- "${ctest_args[@]}"
 start=$SECONDS
 status=0
 summary=()
@@ -48,15 +56,20 @@ suite() {
 }
 
 suite gcc "${LOOM_GCC:-g++-12}" "$LOOM_BUILD_DIR" gpu "$@"
-suite clang "${LOOM_CLANG:-clang++-14}" "$LOOM_BUILD_DIR-clang" "gpu|packaging" "$@"
 
-# The checkpoint reader's fuzzer (scripts/fuzz.sh) in the Clang tree, LOOM_FUZZ_SECONDS (60).
-fuzz_log=$LOOM_BUILD_DIR-fuzz.log
-if bash "$LOOM_ROOT/scripts/fuzz.sh" "${LOOM_FUZZ_SECONDS:-60}" 2>&1 | tee "$fuzz_log"; then
-  summary+=("$(tail -n 1 "$fuzz_log" | sed 's/^\[loom\] //')")
+if [ "$all" = 1 ]; then
+  suite clang "${LOOM_CLANG:-clang++-14}" "$LOOM_BUILD_DIR-clang" "gpu|packaging" "$@"
+
+  # The checkpoint reader's fuzzer (scripts/fuzz.sh) in the Clang tree, LOOM_FUZZ_SECONDS (60).
+  fuzz_log=$LOOM_BUILD_DIR-fuzz.log
+  if bash "$LOOM_ROOT/scripts/fuzz.sh" "${LOOM_FUZZ_SECONDS:-60}" 2>&1 | tee "$fuzz_log"; then
+    summary+=("$(tail -n 1 "$fuzz_log" | sed 's/^\[loom\] //')")
+  else
+    summary+=("fuzz FAILED")
+    status=1
+  fi
 else
-  summary+=("fuzz FAILED")
-  status=1
+  summary+=("clang and fuzz: not run (--all runs them)")
 fi
 
 verdict=PASSED

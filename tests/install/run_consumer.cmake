@@ -1,6 +1,10 @@
 # Uses loom as a project would: cmake -P run_consumer.cmake with
 #   MODE=find_package      install loom (from LOOM_BINARY_DIR) into WORK_DIR/prefix; the consumer
 #                          finds Torch through Torch_DIR, then loom; build and run it
+#   MODE=cxx20             the same install; the consumer, with set(CMAKE_CXX_STANDARD 20), finds
+#                          loom alone (README's snippet), which finds Torch through Torch_DIR, with
+#                          TORCH_CUDA_ARCH_LIST unset so that LibTorch's config runs its CUDA probe;
+#                          build and run it
 #   MODE=wheel             the same install; the consumer includes LoomTorchWheel.cmake from it,
 #                          which finds the wheel in LOOM_VENV (no Torch_DIR); build and run it
 #   MODE=add_subdirectory  the consumer adds LOOM_SOURCE_DIR; build and run it
@@ -57,6 +61,9 @@ else()
   set(args -DCONSUMER_MODE=${MODE} -DCMAKE_PREFIX_PATH=${prefix})
   if(MODE STREQUAL "find_package")
     list(APPEND args -DTorch_DIR=${Torch_DIR})
+  elseif(MODE STREQUAL "cxx20")
+    list(APPEND args -DTorch_DIR=${Torch_DIR})
+    set(clean_env ${clean_env} --unset=TORCH_CUDA_ARCH_LIST)
   elseif(MODE STREQUAL "wheel")
     list(APPEND args -DLOOM_CMAKE_DIR=${prefix}/share/cmake/loom
                      -DLOOM_TORCH_VERSION=${LOOM_TORCH_VERSION})
@@ -69,7 +76,8 @@ else()
       set(clean_env ${clean_env} LOOM_VENV=${LOOM_VENV})
     endif()
   else()
-    message(FATAL_ERROR "MODE: find_package, wheel, add_subdirectory, no_torch or standalone")
+    message(FATAL_ERROR "MODE: find_package, cxx20, wheel, add_subdirectory, no_torch or "
+                        "standalone")
   endif()
 endif()
 
