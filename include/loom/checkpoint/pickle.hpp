@@ -74,21 +74,64 @@ inline const DtypeName* dtype_name(c10::ScalarType t) {
   return nullptr;
 }
 
+// ---- the limit on nesting, one for the writer and the reader --------------------------------
+
+/// How deeply a checkpoint's values may nest: a list, tuple or dict is one level deeper than the
+/// deepest of its elements and keys (scalars, strings, tensors, devices and empty containers are
+/// level 0), so `[[1]]` and `{"a": [1]}` nest 2 deep. The reader refuses more, guarding its
+/// stack against hostile files; the writer refuses exactly the same values, so loom never writes
+/// a file it cannot read back.
+inline constexpr int max_depth = 256;
+
 // ---- opcodes (protocol 2, and the few of 3/4 that torch.save(pickle_protocol=4) emits) ------
 
-namespace op {
-inline constexpr char MARK = '(', STOP = '.', POP = '0', POP_MARK = '1', BININT = 'J',
-                      BININT1 = 'K', BININT2 = 'M', NONE = 'N', BINUNICODE = 'X', APPEND = 'a',
-                      BUILD = 'b', GLOBAL = 'c', DICT = 'd', EMPTY_DICT = '}', APPENDS = 'e',
-                      BINGET = 'h', LONG_BINGET = 'j', LIST = 'l', EMPTY_LIST = ']', BINPUT = 'q',
-                      LONG_BINPUT = 'r', SETITEM = 's', TUPLE = 't', EMPTY_TUPLE = ')',
-                      SETITEMS = 'u', BINFLOAT = 'G', BINPERSID = 'Q', REDUCE = 'R', BINBYTES = 'B',
-                      SHORT_BINBYTES = 'C';
-inline constexpr unsigned char PROTO = 0x80, TUPLE1 = 0x85, TUPLE2 = 0x86, TUPLE3 = 0x87,
-                               NEWTRUE = 0x88, NEWFALSE = 0x89, LONG1 = 0x8a,
-                               SHORT_BINUNICODE = 0x8c, BINUNICODE8 = 0x8d, STACK_GLOBAL = 0x93,
-                               MEMOIZE = 0x94, FRAME = 0x95;
-}  // namespace op
+/// The pickle opcodes loom writes or reads, by their byte (Python's pickletools names, in
+/// PascalCase). BinBytes and ShortBinBytes are named only: a checkpoint holds no bytes objects,
+/// and the reader refuses them as it refuses any opcode it does not handle.
+enum class Opcode : unsigned char {
+  Mark = '(',
+  Stop = '.',
+  Pop = '0',
+  PopMark = '1',
+  BinInt = 'J',
+  BinInt1 = 'K',
+  BinInt2 = 'M',
+  None = 'N',
+  BinUnicode = 'X',
+  Append = 'a',
+  Build = 'b',
+  Global = 'c',
+  Dict = 'd',
+  EmptyDict = '}',
+  Appends = 'e',
+  BinGet = 'h',
+  LongBinGet = 'j',
+  List = 'l',
+  EmptyList = ']',
+  BinPut = 'q',
+  LongBinPut = 'r',
+  SetItem = 's',
+  Tuple = 't',
+  EmptyTuple = ')',
+  SetItems = 'u',
+  BinFloat = 'G',
+  BinPersId = 'Q',
+  Reduce = 'R',
+  BinBytes = 'B',
+  ShortBinBytes = 'C',
+  Proto = 0x80,
+  Tuple1 = 0x85,
+  Tuple2 = 0x86,
+  Tuple3 = 0x87,
+  NewTrue = 0x88,
+  NewFalse = 0x89,
+  Long1 = 0x8a,
+  ShortBinUnicode = 0x8c,
+  BinUnicode8 = 0x8d,
+  StackGlobal = 0x93,
+  Memoize = 0x94,
+  Frame = 0x95,
+};
 
 // ---- the writer ---------------------------------------------------------------------------
 
@@ -104,29 +147,31 @@ class PickleWriter {
 
   std::string pickle(const c10::IValue& v) {
     out_.clear();
-    byte(op::PROTO);
+    put(Opcode::Proto);
     byte(2);
     write(v, 0);
-    out_.push_back(op::STOP);
+    put(Opcode::Stop);
     return std::move(out_);
   }
   const std::vector<Storage>& storages() const noexcept { return storages_; }
 
  private:
+  void put(Opcode o) { out_.push_back(static_cast<char>(o)); }
   void byte(unsigned char c) { out_.push_back(static_cast<char>(c)); }
   template <class T>
   void little(T v) {
     char b[sizeof(T)];
-    std::memcpy(b, &v, sizeof(T));  // the host is little-endian (checked in checkpoint.hpp)
+    // The host is little-endian: checkpoint/io.hpp static_asserts std::endian::native.
+    std::memcpy(b, &v, sizeof(T));
     out_.append(b, sizeof(T));
   }
   void string(std::string_view s) {
-    out_.push_back(op::BINUNICODE);
+    put(Opcode::BinUnicode);
     little(static_cast<uint32_t>(s.size()));
     out_.append(s.data(), s.size());
   }
   void global(std::string_view module, std::string_view name) {
-    out_.push_back(op::GLOBAL);
+    put(Opcode::Global);
     out_.append(module.data(), module.size());
     out_.push_back('\n');
     out_.append(name.data(), name.size());
@@ -134,13 +179,13 @@ class PickleWriter {
   }
   void integer(int64_t v) {
     if (v >= 0 && v < 256) {
-      out_.push_back(op::BININT1);
+      put(Opcode::BinInt1);
       byte(static_cast<unsigned char>(v));
     } else if (v >= 0 && v < 65536) {
-      out_.push_back(op::BININT2);
+      put(Opcode::BinInt2);
       little(static_cast<uint16_t>(v));
     } else if (v >= INT32_MIN && v <= INT32_MAX) {
-      out_.push_back(op::BININT);
+      put(Opcode::BinInt);
       little(static_cast<int32_t>(v));
     } else {  // LONG1: the shortest little-endian two's complement, as Python writes it
       unsigned char b[8];
@@ -150,45 +195,50 @@ class PickleWriter {
                        (b[n - 1] == 0xff && (b[n - 2] & 0x80)))) {
         --n;
       }
-      byte(op::LONG1);
+      put(Opcode::Long1);
       byte(static_cast<unsigned char>(n));
       out_.append(reinterpret_cast<const char*>(b), static_cast<std::size_t>(n));
     }
   }
   void real(double d) {
-    out_.push_back(op::BINFLOAT);
+    put(Opcode::BinFloat);
     uint64_t bits;
     std::memcpy(&bits, &d, 8);
     for (int i = 7; i >= 0; --i) byte(static_cast<unsigned char>(bits >> (8 * i)));
   }
   void tuple_end(std::size_t n, bool marked) {
     if (marked) {
-      out_.push_back(op::TUPLE);
+      put(Opcode::Tuple);
     } else if (n == 1) {
-      byte(op::TUPLE1);
+      put(Opcode::Tuple1);
     } else if (n == 2) {
-      byte(op::TUPLE2);
+      put(Opcode::Tuple2);
     } else if (n == 3) {
-      byte(op::TUPLE3);
+      put(Opcode::Tuple3);
     }
   }
   void ints_tuple(c10::IntArrayRef v) {
     if (v.empty()) {
-      out_.push_back(op::EMPTY_TUPLE);
+      put(Opcode::EmptyTuple);
       return;
     }
     const bool marked = v.size() > 3;
-    if (marked) out_.push_back(op::MARK);
+    if (marked) put(Opcode::Mark);
     for (auto x : v) integer(x);
     tuple_end(v.size(), marked);
   }
 
   void write(const c10::IValue& v, int depth) {
-    if (depth > kMaxDepth) throw Error("loom::checkpoint: the value is nested too deeply to save");
+    // `depth` counts the containers around v: at the deepest element, how deeply the whole value
+    // nests as the reader counts it (max_depth), so the writer refuses what the reader would.
+    if (depth > max_depth) {
+      throw Error("loom::checkpoint: cannot save a value whose containers nest deeper than " +
+                  std::to_string(max_depth) + " (the most a checkpoint may nest, read or written)");
+    }
     if (v.isNone()) {
-      out_.push_back(op::NONE);
+      put(Opcode::None);
     } else if (v.isBool()) {
-      byte(v.toBool() ? op::NEWTRUE : op::NEWFALSE);
+      put(v.toBool() ? Opcode::NewTrue : Opcode::NewFalse);
     } else if (v.isInt()) {
       integer(v.toInt());
     } else if (v.isDouble()) {
@@ -200,41 +250,41 @@ class PickleWriter {
     } else if (v.isTuple()) {
       const auto& e = v.toTupleRef().elements();
       if (e.empty()) {
-        out_.push_back(op::EMPTY_TUPLE);
+        put(Opcode::EmptyTuple);
         return;
       }
       const bool marked = e.size() > 3;
-      if (marked) out_.push_back(op::MARK);
+      if (marked) put(Opcode::Mark);
       for (const auto& x : e) write(x, depth + 1);
       tuple_end(e.size(), marked);
     } else if (v.isList()) {
-      out_.push_back(op::EMPTY_LIST);
+      put(Opcode::EmptyList);
       const auto l = v.toListRef();
       if (l.empty()) return;
-      out_.push_back(op::MARK);
+      put(Opcode::Mark);
       for (const auto& x : l) write(x, depth + 1);
-      out_.push_back(op::APPENDS);
+      put(Opcode::Appends);
     } else if (v.isGenericDict()) {
-      out_.push_back(op::EMPTY_DICT);
+      put(Opcode::EmptyDict);
       const auto d = v.toGenericDict();
       if (d.empty()) return;
-      out_.push_back(op::MARK);
+      put(Opcode::Mark);
       for (const auto& e : d) {
         write(e.key(), depth + 1);
         write(e.value(), depth + 1);
       }
-      out_.push_back(op::SETITEMS);
+      put(Opcode::SetItems);
     } else if (v.isDevice()) {
       const auto dev = v.toDevice();
       global("torch", "device");
       string(c10::DeviceTypeName(dev.type(), /*lower_case=*/true));
       if (dev.has_index()) {
         integer(dev.index());
-        byte(op::TUPLE2);
+        put(Opcode::Tuple2);
       } else {
-        byte(op::TUPLE1);
+        put(Opcode::Tuple1);
       }
-      out_.push_back(op::REDUCE);
+      put(Opcode::Reduce);
     } else {
       throw Error(std::string("loom::checkpoint: cannot save a value of type ") + v.type()->str() +
                   " (a checkpoint holds tensors, numbers, strings, bools, None, devices, and "
@@ -244,7 +294,7 @@ class PickleWriter {
 
   void tensor(const at::Tensor& t) {
     if (!t.defined()) {
-      out_.push_back(op::NONE);  // Python has no undefined tensor; None is what it would see
+      put(Opcode::None);  // Python has no undefined tensor; None is what it would see
       return;
     }
     if (t.is_sparse() || t.is_quantized() || t.layout() != c10::kStrided) {
@@ -279,9 +329,9 @@ class PickleWriter {
     const auto elem = static_cast<int64_t>(t.element_size());
     const bool v3 = name->storage == nullptr;
     global("torch._utils", v3 ? "_rebuild_tensor_v3" : "_rebuild_tensor_v2");
-    out_.push_back(op::MARK);
+    put(Opcode::Mark);
     // persistent id: ('storage', storage type, key, location, numel)
-    out_.push_back(op::MARK);
+    put(Opcode::Mark);
     string("storage");
     if (v3) {
       global("torch.storage", "UntypedStorage");
@@ -292,18 +342,18 @@ class PickleWriter {
     string(location(storage.device()));
     integer(v3 ? static_cast<int64_t>(storage.nbytes())
                : static_cast<int64_t>(storage.nbytes()) / elem);
-    out_.push_back(op::TUPLE);
-    out_.push_back(op::BINPERSID);
+    put(Opcode::Tuple);
+    put(Opcode::BinPersId);
     integer(t.storage_offset());
     ints_tuple(t.sizes());
     ints_tuple(t.strides());
-    byte(t.requires_grad() ? op::NEWTRUE : op::NEWFALSE);
+    put(t.requires_grad() ? Opcode::NewTrue : Opcode::NewFalse);
     global("collections", "OrderedDict");
-    out_.push_back(op::EMPTY_TUPLE);
-    out_.push_back(op::REDUCE);
+    put(Opcode::EmptyTuple);
+    put(Opcode::Reduce);
     if (v3) global("torch", name->python);
-    out_.push_back(op::TUPLE);
-    out_.push_back(op::REDUCE);
+    put(Opcode::Tuple);
+    put(Opcode::Reduce);
   }
 
   static std::string location(const c10::Device& d) {
@@ -311,7 +361,6 @@ class PickleWriter {
     return d.str();  // "cuda:0"
   }
 
-  static constexpr int kMaxDepth = 512;
   std::string out_;
   std::vector<Storage> storages_;
   std::unordered_map<const c10::StorageImpl*, std::pair<std::string, c10::ScalarType>> keys_;
@@ -336,7 +385,7 @@ class PickleReader {
     while (true) {
       if (pos_ >= data_.size()) fail("the pickle ends without STOP");
       const auto code = static_cast<unsigned char>(data_[pos_++]);
-      if (code == '.') break;
+      if (static_cast<Opcode>(code) == Opcode::Stop) break;
       step(code);
     }
     if (stack_.size() != 1 || !marks_.empty()) fail("the pickle leaves a malformed stack");
@@ -346,7 +395,8 @@ class PickleReader {
  private:
   // A stack entry: a value, or one of the things that exist only while unpickling.
   struct Item {
-    enum Kind { value, global, storage_type, storage, dtype, raw_tuple } kind = value;
+    enum class Kind { Value, Global, StorageType, Storage, Dtype, RawTuple };
+    Kind kind = Kind::Value;
     c10::IValue v;                             // value
     std::string name;                          // global: "module.name"
     c10::Storage store;                        // storage
@@ -359,6 +409,10 @@ class PickleReader {
   [[noreturn]] void fail(const std::string& what) const {
     throw Error("loom::checkpoint: corrupt or unsupported checkpoint: " + what + " (byte " +
                 std::to_string(pos_) + " of data.pkl)");
+  }
+  [[noreturn]] void too_deep() const {
+    fail("containers nest deeper than " + std::to_string(max_depth) +
+         " (the most a checkpoint may nest, read or written)");
   }
   void need(std::size_t n) const {
     if (data_.size() - pos_ < n) fail("the pickle is truncated");
@@ -388,7 +442,7 @@ class PickleReader {
   std::size_t floor() const { return marks_.empty() ? 0 : marks_.back(); }
   void push(Item it) {
     if (stack_.size() >= kMaxStack) fail("the stack grows past " + std::to_string(kMaxStack));
-    if (it.depth > kMaxDepth) fail("values nest deeper than " + std::to_string(kMaxDepth));
+    if (it.depth > max_depth) too_deep();
     stack_.push_back(std::move(it));
   }
   void push_value(c10::IValue v, int depth = 0) {
@@ -423,9 +477,10 @@ class PickleReader {
   }
 
   c10::IValue value(Item&& it, const std::string& what) const {
-    if (it.kind != Item::value) {
+    if (it.kind != Item::Kind::Value) {
       const char* kinds[] = {"value", "global", "storage type", "storage", "dtype", "tuple"};
-      fail(what + " is a " + kinds[it.kind] + (it.kind == Item::global ? " " + it.name : ""));
+      fail(what + " is a " + kinds[static_cast<int>(it.kind)] +
+           (it.kind == Item::Kind::Global ? " " + it.name : ""));
     }
     return std::move(it.v);
   }
@@ -439,20 +494,20 @@ class PickleReader {
     Item t;
     t.depth = depth_of(items);
     const bool values = std::all_of(items.begin(), items.end(),
-                                    [](const Item& i) { return i.kind == Item::value; });
+                                    [](const Item& i) { return i.kind == Item::Kind::Value; });
     if (values) {
       std::vector<c10::IValue> e;
       e.reserve(items.size());
       for (auto& i : items) e.push_back(std::move(i.v));
       t.v = c10::ivalue::Tuple::create(std::move(e));
     } else {  // persistent ids and REDUCE arguments hold globals, storages and dtypes
-      t.kind = Item::raw_tuple;
+      t.kind = Item::Kind::RawTuple;
       t.items = std::make_shared<std::vector<Item>>(std::move(items));
     }
     push(std::move(t));
   }
   std::vector<Item> tuple_items(Item&& it, const char* what) const {
-    if (it.kind == Item::raw_tuple) return *it.items;
+    if (it.kind == Item::Kind::RawTuple) return *it.items;
     auto v = value(std::move(it), what);
     if (!v.isTuple()) fail(std::string(what) + " is not a tuple");
     std::vector<Item> out;
@@ -465,10 +520,11 @@ class PickleReader {
   }
 
   void set_items(Item& d, std::vector<Item>&& kv) {
-    if (d.kind != Item::value || !d.v.isGenericDict()) fail("SETITEM(S) on something not a dict");
+    if (d.kind != Item::Kind::Value || !d.v.isGenericDict())
+      fail("SETITEM(S) on something not a dict");
     if (kv.size() % 2 != 0) fail("SETITEMS with an odd number of items");
     d.depth = std::max(d.depth, depth_of(kv));
-    if (d.depth > kMaxDepth) fail("values nest deeper than " + std::to_string(kMaxDepth));
+    if (d.depth > max_depth) too_deep();
     auto dict = d.v.toGenericDict();
     for (std::size_t i = 0; i < kv.size(); i += 2) {
       auto k = value(std::move(kv[i]), "a dict key");
@@ -479,9 +535,9 @@ class PickleReader {
     }
   }
   void append_items(Item& l, std::vector<Item>&& items) {
-    if (l.kind != Item::value || !l.v.isList()) fail("APPEND(S) to something not a list");
+    if (l.kind != Item::Kind::Value || !l.v.isList()) fail("APPEND(S) to something not a list");
     l.depth = std::max(l.depth, depth_of(items));
-    if (l.depth > kMaxDepth) fail("values nest deeper than " + std::to_string(kMaxDepth));
+    if (l.depth > max_depth) too_deep();
     auto list = l.v.toList();
     for (auto& i : items) list.push_back(value(std::move(i), "a list element"));
   }
@@ -517,48 +573,48 @@ class PickleReader {
     auto it = memo_.find(key);
     if (it == memo_.end()) fail("a memo key that was never put: " + std::to_string(key));
     Item got = it->second;
-    if (got.kind == Item::value) got.v = copy(got.v);
+    if (got.kind == Item::Kind::Value) got.v = copy(got.v);
     push(std::move(got));
   }
 
   void step(unsigned char code) {
-    switch (code) {
-      case op::PROTO: {
+    switch (static_cast<Opcode>(code)) {
+      case Opcode::Proto: {
         const auto v = little<uint8_t>();
         if (v < 2 || v > 5) fail("pickle protocol " + std::to_string(v));
         return;
       }
-      case op::FRAME:
+      case Opcode::Frame:
         little<uint64_t>();
         return;
-      case '(':
+      case Opcode::Mark:
         marks_.push_back(stack_.size());
         return;
-      case '0':
+      case Opcode::Pop:
         pop();
         return;
-      case '1':
+      case Opcode::PopMark:
         pop_mark();
         return;
-      case 'N':
+      case Opcode::None:
         push_value(c10::IValue());
         return;
-      case op::NEWTRUE:
+      case Opcode::NewTrue:
         push_value(true);
         return;
-      case op::NEWFALSE:
+      case Opcode::NewFalse:
         push_value(false);
         return;
-      case 'J':
+      case Opcode::BinInt:
         push_value(int64_t{little<int32_t>()});
         return;
-      case 'K':
+      case Opcode::BinInt1:
         push_value(int64_t{little<uint8_t>()});
         return;
-      case 'M':
+      case Opcode::BinInt2:
         push_value(int64_t{little<uint16_t>()});
         return;
-      case op::LONG1: {
+      case Opcode::Long1: {
         const auto n = little<uint8_t>();
         if (n > 8) fail("an int wider than 64 bits");
         const auto b = bytes(n);
@@ -572,7 +628,7 @@ class PickleReader {
         push_value(v);
         return;
       }
-      case 'G': {
+      case Opcode::BinFloat: {
         need(8);
         uint64_t bits = 0;
         for (int i = 0; i < 8; ++i)
@@ -583,118 +639,118 @@ class PickleReader {
         push_value(d);
         return;
       }
-      case 'X':
+      case Opcode::BinUnicode:
         push_value(bytes(little<uint32_t>()));
         return;
-      case op::SHORT_BINUNICODE:
+      case Opcode::ShortBinUnicode:
         push_value(bytes(little<uint8_t>()));
         return;
-      case op::BINUNICODE8:
+      case Opcode::BinUnicode8:
         push_value(bytes(little<uint64_t>()));
         return;
-      case ')':
+      case Opcode::EmptyTuple:
         push_value(c10::ivalue::Tuple::create(std::vector<c10::IValue>{}));
         return;
-      case op::TUPLE1:
+      case Opcode::Tuple1:
         tuple(pop_items(1));
         return;
-      case op::TUPLE2:
+      case Opcode::Tuple2:
         tuple(pop_items(2));
         return;
-      case op::TUPLE3:
+      case Opcode::Tuple3:
         tuple(pop_items(3));
         return;
-      case 't':
+      case Opcode::Tuple:
         tuple(pop_mark());
         return;
-      case ']':
+      case Opcode::EmptyList:
         push_value(c10::impl::GenericList(c10::AnyType::get()));
         return;
-      case 'l': {
+      case Opcode::List: {
         Item l;
         l.v = c10::impl::GenericList(c10::AnyType::get());
         append_items(l, pop_mark());
         push(std::move(l));
         return;
       }
-      case 'a': {
+      case Opcode::Append: {
         std::vector<Item> x;
         x.push_back(pop());
         append_items(top(), std::move(x));
         return;
       }
-      case 'e': {
+      case Opcode::Appends: {
         auto items = pop_mark();
         append_items(top(), std::move(items));
         return;
       }
-      case '}':
+      case Opcode::EmptyDict:
         push_value(c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get()));
         return;
-      case 'd': {
+      case Opcode::Dict: {
         Item d;
         d.v = c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get());
         set_items(d, pop_mark());
         push(std::move(d));
         return;
       }
-      case 's': {
+      case Opcode::SetItem: {
         std::vector<Item> kv(2);
         kv[1] = pop();
         kv[0] = pop();
         set_items(top(), std::move(kv));
         return;
       }
-      case 'u': {
+      case Opcode::SetItems: {
         auto items = pop_mark();
         set_items(top(), std::move(items));
         return;
       }
-      case 'q':
+      case Opcode::BinPut:
         memo_put(little<uint8_t>());
         return;
-      case 'r':
+      case Opcode::LongBinPut:
         memo_put(little<uint32_t>());
         return;
-      case op::MEMOIZE:
+      case Opcode::Memoize:
         memo_put(memo_.size());
         return;
-      case 'h':
+      case Opcode::BinGet:
         memo_get(little<uint8_t>());
         return;
-      case 'j':
+      case Opcode::LongBinGet:
         memo_get(little<uint32_t>());
         return;
-      case 'c': {
+      case Opcode::Global: {
         auto module = line();
         auto name = line();
         push(global(module + "." + name));
         return;
       }
-      case op::STACK_GLOBAL: {  // protocol 4: the module and the name as strings
+      case Opcode::StackGlobal: {  // protocol 4: the module and the name as strings
         auto name = value(pop(), "STACK_GLOBAL's name");
         auto module = value(pop(), "STACK_GLOBAL's module");
         if (!name.isString() || !module.isString()) fail("STACK_GLOBAL of non-strings");
         push(global(module.toStringRef() + "." + name.toStringRef()));
         return;
       }
-      case 'Q': {
+      case Opcode::BinPersId: {
         auto pid = tuple_items(pop(), "a persistent id");
         push(persistent(pid));
         return;
       }
-      case 'R': {
+      case Opcode::Reduce: {
         auto args = tuple_items(pop(), "REDUCE's arguments");
         auto fn = pop();
         push(reduce(fn, args));
         return;
       }
-      case 'b': {
+      case Opcode::Build: {
         // Python's weights_only unpickler allows BUILD on an OrderedDict (its _metadata) and
         // on a tensor (its __dict__); neither holds anything a loom checkpoint uses.
         pop();
         const auto& obj = top();
-        if (obj.kind != Item::value || !(obj.v.isGenericDict() || obj.v.isTensor())) {
+        if (obj.kind != Item::Kind::Value || !(obj.v.isGenericDict() || obj.v.isTensor())) {
           fail("BUILD on something that is not a dict or a tensor");
         }
         return;
@@ -709,7 +765,7 @@ class PickleReader {
 
   static Item named(std::string name) {
     Item it;
-    it.kind = Item::global;
+    it.kind = Item::Kind::Global;
     it.name = std::move(name);
     return it;
   }
@@ -729,19 +785,19 @@ class PickleReader {
     }
     Item it;
     if (name == "torch.storage.UntypedStorage") {
-      it.kind = Item::storage_type;
+      it.kind = Item::Kind::StorageType;
       return it;
     }
     if (name.rfind("torch.", 0) == 0 && name.find('.', 6) == std::string::npos) {
       const auto short_name = name.substr(6);  // torch.<X>: a dtype or a typed storage
       for (const auto& n : dtype_names()) {
         if (short_name == n.python) {
-          it.kind = Item::dtype;
+          it.kind = Item::Kind::Dtype;
           it.type = n.type;
           return it;
         }
         if (n.storage != nullptr && short_name == n.storage) {
-          it.kind = Item::storage_type;
+          it.kind = Item::Kind::StorageType;
           it.type = n.type;
           it.typed = true;
           return it;
@@ -755,10 +811,10 @@ class PickleReader {
 
   Item persistent(const std::vector<Item>& pid) {
     auto is = [&](std::size_t i, bool (c10::IValue::*test)() const) {
-      return pid[i].kind == Item::value && (pid[i].v.*test)();
+      return pid[i].kind == Item::Kind::Value && (pid[i].v.*test)();
     };
     if (pid.size() != 5 || !is(0, &c10::IValue::isString) || pid[0].v.toStringRef() != "storage" ||
-        pid[1].kind != Item::storage_type || !is(2, &c10::IValue::isString) ||
+        pid[1].kind != Item::Kind::StorageType || !is(2, &c10::IValue::isString) ||
         !is(3, &c10::IValue::isString) || !is(4, &c10::IValue::isInt)) {
       fail("a persistent id that is not ('storage', storage type, key, location, numel)");
     }
@@ -769,7 +825,7 @@ class PickleReader {
     if (numel < 0 || numel > kMaxBytes / elem)
       fail("a storage of " + std::to_string(numel) + " elements");
     Item it;
-    it.kind = Item::storage;
+    it.kind = Item::Kind::Storage;
     it.typed = typed;
     it.type = pid[1].type;
     auto found = storages_.find(key);
@@ -785,11 +841,11 @@ class PickleReader {
   }
 
   Item reduce(const Item& fn, std::vector<Item>& args) {
-    if (fn.kind != Item::global) fail("REDUCE of something that is not a known global");
+    if (fn.kind != Item::Kind::Global) fail("REDUCE of something that is not a known global");
     const auto& f = fn.name;
     auto arg = [&](std::size_t i) -> const c10::IValue& {
       if (i >= args.size()) fail(f + " has too few arguments");
-      if (args[i].kind != Item::value)
+      if (args[i].kind != Item::Kind::Value)
         fail("argument " + std::to_string(i) + " of " + f + " is not a value");
       return args[i].v;
     };
@@ -831,10 +887,10 @@ class PickleReader {
       const bool v3 = f.back() == '3';
       if (args.size() < (v3 ? 7u : 6u) || args.size() > 8u)
         fail(f + " with " + std::to_string(args.size()) + " arguments");
-      if (args[0].kind != Item::storage) fail(f + " without a storage");
+      if (args[0].kind != Item::Kind::Storage) fail(f + " without a storage");
       c10::ScalarType dtype = args[0].type;
       if (v3) {
-        if (args[6].kind != Item::dtype) fail(f + " without a dtype");
+        if (args[6].kind != Item::Kind::Dtype) fail(f + " without a dtype");
         dtype = args[6].type;
       } else if (!args[0].typed) {
         fail(f + " of an untyped storage");
@@ -897,7 +953,6 @@ class PickleReader {
 
   static constexpr std::size_t kMaxStack = std::size_t{1} << 20, kMaxMemo = std::size_t{1} << 22;
   static constexpr int64_t kMaxBytes = int64_t{1} << 48, kMaxCopied = int64_t{1} << 22;
-  static constexpr int kMaxDepth = 256;
 
   std::string_view data_;
   std::size_t pos_ = 0;
