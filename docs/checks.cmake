@@ -361,8 +361,12 @@ elseif(CHECK STREQUAL "layering")
         fail("${h} includes ${inc}: checkpoint/ (the file layer) includes only checkpoint/ and error.hpp")
       endif()
       if(h MATCHES "^loom/state/" AND
-         NOT inc MATCHES "^loom/(state/|optim/|detail/module\\.hpp|error\\.hpp|state_dict\\.hpp)")
-        fail("${h} includes ${inc}: state/ includes only state/, optim/, detail/module.hpp, error.hpp and state_dict.hpp")
+         NOT inc MATCHES "^loom/(state/|optim/|checkpoint/|detail/(module|checkpoint_files)\\.hpp|error\\.hpp|state_dict\\.hpp)")
+        fail("${h} includes ${inc}: state/ includes only state/, optim/, checkpoint/, detail/module.hpp, detail/checkpoint_files.hpp, error.hpp and state_dict.hpp")
+      endif()
+      if(h STREQUAL "loom/runtime.hpp" AND
+         inc MATCHES "^loom/(state/|checkpoint/)" AND NOT inc STREQUAL "loom/checkpoint/checkpoint_io.hpp")
+        fail("${h} includes ${inc}: runtime.hpp holds no file format (of state/ and checkpoint/ only checkpoint/checkpoint_io.hpp)")
       endif()
       if(h MATCHES "^loom/detail/.*_rows\\.hpp$" AND
          inc MATCHES "^loom/(device|precision|amp|data|batch/walk)")

@@ -36,10 +36,9 @@ namespace loom::dist {
 namespace {
 
 constexpr std::string_view who = "loom::Ddp";
-// Python's DistributedDataParallel: broadcast_bucket_size and the reducer's bucket sizes.
+// Python's DistributedDataParallel's broadcast_bucket_size; the reducer's bucket sizes are
+// c10d's own (c10d::kDefaultFirstBucketBytes, c10d::kDefaultBucketBytesCap in reducer.hpp).
 constexpr std::size_t broadcast_bucket_bytes = 250u << 20;
-constexpr std::int64_t default_first_bucket_bytes = 1 << 20;
-constexpr std::int64_t default_bucket_bytes = 25 << 20;
 
 const char* env(const char* name) { return std::getenv(name); }
 
@@ -131,6 +130,7 @@ struct DdpState {
   Environment env;
   std::string backend;
   c10::DeviceType device_type = c10::kCPU;
+  c10::Device device{c10::kCPU};  // setup's device: where collectives of loom's own tensors run
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   std::shared_ptr<c10d::Reducer> reducer;
   std::shared_ptr<c10d::Logger> logger;
@@ -214,9 +214,14 @@ const Environment& Ddp::environment() const { return state_->env; }
 const DdpOptions& Ddp::options() const { return state_->options; }
 std::string_view Ddp::backend() const { return state_->backend; }
 
-void Ddp::fail(std::string_view what, std::exception_ptr error) {
+namespace {
+
+/// What Ddp::fail does, for setup's phases below (file-local, so they take the state): a
+/// misuse the reducer diagnosed becomes loom::Error with a hint; a failed collective abandons
+/// the group first and names what to check.
+[[noreturn]] void throw_failure(detail::DdpState& s, std::string_view what,
+                                std::exception_ptr error) {
   const std::string text = message_of(error);
-  auto& s = *state_;
   if (!is_communication_error(error)) {
     std::string hint;
     if (text.find("Expected to have finished reduction") != std::string::npos) {
@@ -238,8 +243,11 @@ void Ddp::fail(std::string_view what, std::exception_ptr error) {
               "gives each the same count), and loom::DdpOptions::timeout");
 }
 
-void Ddp::setup(torch::nn::Module& module, c10::Device device, std::string_view backend) {
-  auto& s = *state_;
+// Ddp::setup's phases, in the order setup calls them.
+
+/// Refuses a second setup and a failed group, then records the backend (DdpOptions::backend,
+/// else the device's) and the device, refusing a backend loom cannot connect.
+void choose_backend(detail::DdpState& s, c10::Device device, std::string_view backend) {
   if (s.module) {
     throw Error(
         "loom::Ddp: setup() was called a second time; one Ddp wraps one module "
@@ -248,6 +256,7 @@ void Ddp::setup(torch::nn::Module& module, c10::Device device, std::string_view 
   if (s.failed) throw Error("loom::Ddp: a collective failed earlier; the group is gone");
   s.backend = s.options.backend ? *s.options.backend : std::string(backend);
   s.device_type = device.type();
+  s.device = device;
   if (s.backend != "gloo" && s.backend != "nccl") {
     throw Error("loom::Ddp: the backend \"" + s.backend +
                 "\" is not available; loom::Ddp runs on \"gloo\" (CPU, CUDA) and \"nccl\" (CUDA)");
@@ -255,44 +264,48 @@ void Ddp::setup(torch::nn::Module& module, c10::Device device, std::string_view 
   if (s.backend == "nccl" && device.type() != c10::kCUDA) {
     throw Error("loom::Ddp: the nccl backend needs a CUDA device, not " + device.str());
   }
+}
 
-  // The parameters the reducer reduces: those that require a gradient, each once, in
-  // Python's order (modules in pre-order, each module's own parameters).
+/// The parameters the reducer reduces, with their names by index.
+struct ReducedParameters {
   std::vector<at::Tensor> params;
   std::unordered_map<std::size_t, std::string> names;
+};
+
+/// Those that require a gradient, each once, in Python's order (modules in pre-order, each
+/// module's own parameters); none is an error.
+ReducedParameters collect_reduced_parameters(torch::nn::Module& module) {
+  ReducedParameters r;
   std::unordered_set<const void*> seen;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     const at::Tensor& p = item.value();
     if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
-    names.emplace(params.size(), item.key());
-    params.push_back(p);
+    r.names.emplace(r.params.size(), item.key());
+    r.params.push_back(p);
   }
-  if (params.empty()) {
+  if (r.params.empty()) {
     throw Error(
         "loom::Ddp: the module has no parameter that requires a gradient; data "
         "parallelism has nothing to synchronize");
   }
-  s.module = &module;
-  if (s.env.single_process) return;  // one process: nothing to connect or reduce
+  return r;
+}
 
-  // The store and the group, with Python's prefixes: default_pg, then the group's name "0",
-  // then the device type for the backend.
+/// The rendezvous store: in memory without MASTER_ADDR, else a TCPStore that rank 0 hosts
+/// (unless the launcher's agent does); a failure names the address and what to check.
+c10::intrusive_ptr<c10d::Store> connect_store(const detail::DdpState& s) {
   const auto timeout = s.options.timeout;
-  c10::intrusive_ptr<c10d::Store> store;
   const std::string where = s.env.master_addr + ":" + std::to_string(s.env.master_port);
   try {
-    if (s.env.master_addr.empty()) {
-      store = c10::make_intrusive<c10d::HashStore>();
-    } else {
-      c10d::TCPStoreOptions o;
-      o.port = static_cast<std::uint16_t>(s.env.master_port);
-      o.isServer = s.env.rank == 0 && !s.env.agent_store;
-      o.numWorkers = static_cast<std::size_t>(s.env.world_size);
-      o.waitWorkers = true;
-      o.timeout = timeout;
-      o.multiTenant = true;
-      store = c10::make_intrusive<c10d::TCPStore>(s.env.master_addr, o);
-    }
+    if (s.env.master_addr.empty()) return c10::make_intrusive<c10d::HashStore>();
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<std::uint16_t>(s.env.master_port);
+    o.isServer = s.env.rank == 0 && !s.env.agent_store;
+    o.numWorkers = static_cast<std::size_t>(s.env.world_size);
+    o.waitWorkers = true;
+    o.timeout = timeout;
+    o.multiTenant = true;
+    return c10::make_intrusive<c10d::TCPStore>(s.env.master_addr, o);
   } catch (...) {
     const std::string text = message_of(std::current_exception());
     const bool server = s.env.rank == 0 && !s.env.agent_store;
@@ -305,6 +318,13 @@ void Ddp::setup(torch::nn::Module& module, c10::Device device, std::string_view 
                 (server ? ". Is MASTER_PORT in use by another process, or did every rank start?"
                         : ". Check MASTER_ADDR and MASTER_PORT, and that rank 0 is running"));
   }
+}
+
+/// The process group on `store`, with Python's prefixes: default_pg, then the group's name
+/// "0", then the device type for the backend.
+void connect_process_group(detail::DdpState& s, const c10::intrusive_ptr<c10d::Store>& store,
+                           c10::Device device) {
+  const auto timeout = s.options.timeout;
   try {
     auto group_store = c10::make_intrusive<c10d::PrefixStore>(
         "0/", c10::make_intrusive<c10d::PrefixStore>("default_pg", store));
@@ -328,12 +348,15 @@ void Ddp::setup(torch::nn::Module& module, c10::Device device, std::string_view 
   } catch (const loom::Error&) {
     throw;
   } catch (...) {
-    fail("connecting the " + s.backend + " process group", std::current_exception());
+    throw_failure(s, "connecting the " + s.backend + " process group", std::current_exception());
   }
+}
 
-  // Python's constructor: the same parameter shapes on every rank, then rank 0's parameters
-  // (all of them) and buffers everywhere. c10d's check fails only on the ranks that differ
-  // from rank 0, leaving rank 0 waiting; a fingerprint gathered first makes every rank fail.
+/// Python's constructor: the same parameter shapes on every rank. c10d's check fails only on
+/// the ranks that differ from rank 0, leaving rank 0 waiting; a fingerprint gathered first
+/// makes every rank fail.
+void check_same_parameters_on_every_rank(detail::DdpState& s,
+                                         const std::vector<at::Tensor>& params) {
   std::string shapes;
   std::uint64_t hash = 1469598103934665603ull;  // FNV-1a over every size, with separators
   for (const auto& p : params) {
@@ -352,7 +375,7 @@ void Ddp::setup(torch::nn::Module& module, c10::Device device, std::string_view 
     s.group->allgather(all, in)->wait();
     prints = all[0];
   } catch (...) {
-    fail("comparing the ranks' parameters", std::current_exception());
+    throw_failure(s, "comparing the ranks' parameters", std::current_exception());
   }
   for (int r = 0; r < s.env.world_size; ++r) {
     if (!torch::equal(prints[static_cast<std::size_t>(r)], prints[0])) {
@@ -367,12 +390,19 @@ void Ddp::setup(torch::nn::Module& module, c10::Device device, std::string_view 
     c10d::verify_params_across_processes(s.group, params, std::nullopt);
   } catch (...) {
     auto error = std::current_exception();
-    if (is_communication_error(error)) fail("checking the parameters across ranks", error);
+    if (is_communication_error(error)) {
+      throw_failure(s, "checking the parameters across ranks", error);
+    }
     throw Error(
         "loom::Ddp: the ranks' models differ (their parameters must have the same "
         "count, shapes and strides on every rank): " +
         message_of(error));
   }
+}
+
+/// Rank 0's parameters (all of them, as Python) and, with DdpOptions::broadcast_buffers, its
+/// buffers, on every rank.
+void broadcast_rank_zero_state(detail::DdpState& s, torch::nn::Module& module) {
   try {
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> states;
@@ -382,33 +412,56 @@ void Ddp::setup(torch::nn::Module& module, c10::Device device, std::string_view 
     }
     c10d::broadcast_coalesced(s.group, states, broadcast_bucket_bytes, 0);
   } catch (...) {
-    fail("broadcasting rank 0's parameters and buffers", std::current_exception());
+    throw_failure(s, "broadcasting rank 0's parameters and buffers", std::current_exception());
   }
+}
 
-  // The reducer, as Python builds it: one bucket for the first iteration unless unused
-  // parameters are searched for, then rebuilt in gradient-ready order.
+/// The reducer, as Python builds it: one bucket for the first iteration unless unused
+/// parameters are searched for, then rebuilt in gradient-ready order; its Logger with it.
+void build_reducer(detail::DdpState& s, ReducedParameters reduced) {
   const std::int64_t cap =
       s.options.bucket_cap_mb
           ? static_cast<std::int64_t>(*s.options.bucket_cap_mb * static_cast<double>(1 << 20))
-          : default_bucket_bytes;
-  const std::int64_t first_cap = s.options.bucket_cap_mb ? cap : default_first_bucket_bytes;
+          : std::int64_t{c10d::kDefaultBucketBytesCap};
+  const std::int64_t first_cap =
+      s.options.bucket_cap_mb ? cap : std::int64_t{c10d::kDefaultFirstBucketBytes};
   std::vector<std::size_t> limits =
       s.options.find_unused_parameters
           ? std::vector<std::size_t>{static_cast<std::size_t>(first_cap),
                                      static_cast<std::size_t>(cap)}
           : std::vector<std::size_t>{
                 static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max())};
-  std::vector<bool> sparse(params.size(), false);
-  auto buckets = std::get<0>(c10d::compute_bucket_assignment_by_size(params, limits, sparse));
+  std::vector<bool> sparse(reduced.params.size(), false);
+  auto buckets =
+      std::get<0>(c10d::compute_bucket_assignment_by_size(reduced.params, limits, sparse));
   std::reverse(buckets.begin(), buckets.end());
   s.reducer = std::make_shared<c10d::Reducer>(
-      params, std::move(buckets), s.group, std::move(sparse), cap, s.options.find_unused_parameters,
-      s.options.gradient_as_bucket_view, std::move(names), first_cap,
+      reduced.params, std::move(buckets), s.group, std::move(sparse), cap,
+      s.options.find_unused_parameters, s.options.gradient_as_bucket_view, std::move(reduced.names),
+      first_cap,
       /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
       std::vector<std::int64_t>{});
   // Always a logger: the reducer dereferences it when the set of unused parameters changes.
   s.logger = std::make_shared<c10d::Logger>(s.reducer);
   s.reducer->set_logger(s.logger);
+}
+
+}  // namespace
+
+void Ddp::fail(std::string_view what, std::exception_ptr error) {
+  throw_failure(*state_, what, error);
+}
+
+void Ddp::setup(torch::nn::Module& module, c10::Device device, std::string_view backend) {
+  auto& s = *state_;
+  choose_backend(s, device, backend);
+  ReducedParameters reduced = collect_reduced_parameters(module);
+  s.module = &module;
+  if (s.env.single_process) return;  // one process: nothing to connect or reduce
+  connect_process_group(s, connect_store(s), device);
+  check_same_parameters_on_every_rank(s, reduced.params);
+  broadcast_rank_zero_state(s, module);
+  build_reducer(s, std::move(reduced));
 }
 
 void Ddp::pre_forward() {
@@ -540,6 +593,35 @@ std::vector<at::Tensor> Ddp::all_gather(const at::Tensor& t) {
     fail("all_gather", std::current_exception());
   }
   return out[0];
+}
+
+void Ddp::save_checkpoint(const std::filesystem::path& path, const c10::IValue& value,
+                          const checkpoint::CheckpointIO& io) {
+  auto& s = *state_;
+  require_group(s, "save_checkpoint");
+  std::string failure;
+  if (rank() == 0) {
+    try {
+      io.save(path, value);
+    } catch (const std::exception& ex) {
+      failure = ex.what();
+    }
+  }
+  if (s.group) {
+    // Every rank learns whether rank 0 wrote the file: the largest of the ranks' flags.
+    at::Tensor failed = at::full({1}, failure.empty() ? 0 : 1,
+                                 at::TensorOptions().dtype(at::kInt).device(s.device));
+    all_reduce(failed, ReduceOp::Max);
+    if (failure.empty() && failed.cpu().item<int>() != 0) {
+      throw Error("loom::save: rank 0 could not write " + path.string());
+    }
+  }
+  if (!failure.empty()) throw Error(failure);
+}
+
+c10::IValue Ddp::load_checkpoint(const std::filesystem::path& path,
+                                 const checkpoint::CheckpointIO& io, c10::Device device) {
+  return io.load(path, device);
 }
 
 void Ddp::load_state_dict(const StateDict& state) {

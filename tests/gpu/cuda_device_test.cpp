@@ -28,6 +28,7 @@
 #include <loom/precision/fp32.hpp>
 #include <loom/precision/mixed.hpp>
 #include <loom/runtime.hpp>
+#include <loom/state/checkpoint.hpp>
 
 using Catch::Matchers::Contains;
 using loom::device::Cuda;

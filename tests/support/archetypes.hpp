@@ -4,15 +4,18 @@
 // lacks row k, so each requirement is shown to be necessary. The row enums are generated from
 // the same lists as the concepts (detail/*_rows.hpp): a row added there and not here makes
 // the <-1> archetypes fail their concept, so the two cannot drift apart.
+#include <filesystem>
 #include <ranges>
 #include <string_view>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <loom/checkpoint/checkpoint_io.hpp>
 #include <loom/concepts/checkpointable.hpp>
 #include <loom/concepts/device_policy.hpp>
 #include <loom/concepts/precision_policy.hpp>
@@ -47,6 +50,7 @@ struct PrecisionArchetype {
   static constexpr std::string_view precision() requires(Missing != p_precision_has_name) {
     return "arch";
   }
+  void bind_device(c10::Device) requires(Missing != p_precision_has_bind_device) {}
   NullGuard forward_context(c10::DeviceType) requires(Missing != p_precision_has_forward_context) {
     return {};
   }
@@ -75,6 +79,10 @@ struct PrecisionArchetype {
   at::Tensor post_backward(const at::Tensor& t,
                            torch::nn::Module&) requires(Missing != p_precision_has_post_backward) {
     return t;
+  }
+  at::Tensor max_reduced_before_step() requires(Missing !=
+                                                p_precision_has_max_reduced_before_step) {
+    return {};
   }
   bool optimizer_step(torch::optim::Optimizer&) requires(Missing !=
                                                          p_precision_has_optimizer_step) {
@@ -158,6 +166,15 @@ struct StrategyArchetype {
   std::vector<at::Tensor> all_gather(const at::Tensor& t) requires(Missing !=
                                                                    s_strategy_has_all_gather) {
     return {t};
+  }
+  void save_checkpoint(
+      const std::filesystem::path& p, const c10::IValue& v,
+      const checkpoint::CheckpointIO& io) requires(Missing != s_strategy_has_save_checkpoint) {
+    io.save(p, v);
+  }
+  c10::IValue load_checkpoint(const std::filesystem::path& p, const checkpoint::CheckpointIO& io,
+                              c10::Device d) requires(Missing != s_strategy_has_load_checkpoint) {
+    return io.load(p, d);
   }
   StateDict state_dict() const requires(Missing != s_has_state_dict) { return {}; }
   void load_state_dict(const StateDict&) requires(Missing != s_has_load_state_dict) {}

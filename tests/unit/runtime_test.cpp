@@ -69,6 +69,8 @@ TEST_CASE("forward converts inputs, calls inside the scope, converts outputs aft
   CallLog log;
   Recorded rt{RecordingDevice(&log), RecordingPrecision(&log)};
   LoggingLinear model(&log);
+  rt.setup(model);
+  log.calls.clear();
   auto out = rt.forward(model, at::ones({3, 2}));
   CHECK((out.sizes() == at::IntArrayRef{3, 1}));
   CHECK((log.calls == Strings{"convert_input", "precision_context", "forward_context(cpu) enter",
@@ -81,10 +83,25 @@ TEST_CASE("forward converts every tensor of nested arguments", "[runtime][order]
   auto fn = [](const std::tuple<at::Tensor, at::Tensor>& xy, int k) {
     return std::make_pair(std::get<0>(xy) * k, std::get<1>(xy));
   };
+  torch::nn::Linear model(2, 1);
+  rt.setup(model);  // a callable runs after the runtime's setup, as a module does
+  log.calls.clear();
   auto out = rt.forward(fn, std::make_tuple(at::ones({1}), at::ones({1})), 3);
   CHECK(out.first.item<float>() == 3.f);
   CHECK(log.count("convert_input") == 2);
   CHECK(log.count("convert_output") == 2);
+}
+
+TEST_CASE("forward before setup is an error in one process too", "[runtime][order]") {
+  loom::Runtime<loom::Cpu, loom::Fp32> rt;
+  torch::nn::Linear model(2, 1);
+  CHECK_THROWS_WITH(rt.forward(model, at::ones({3, 2})),
+                    Catch::Equals("loom::Runtime::forward: forward before setup; call "
+                                  "rt.setup(model) or rt.setup(model, optimizer) first (it "
+                                  "converts the module, moves it to the device and hands it to "
+                                  "the strategy)"));
+  rt.setup(model);
+  CHECK(rt.forward(model, at::ones({3, 2})).sizes() == at::IntArrayRef{3, 1});
 }
 
 TEST_CASE("backward runs pre_backward, backward, post_backward on pre_backward's result",

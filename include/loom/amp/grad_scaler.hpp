@@ -7,8 +7,8 @@
 //   unscale_(o)   grads *= 1/scale, found_inf per device        _amp_foreach_non_finite_check_
 //                                                               and_unscale_, per (device, dtype)
 //   step(o)       o.step() only if no inf/nan was found         one host sync (found_inf.item);
-//                 a loom::optim fused optimizer skips on the    none: check-only inf pass, the
-//                 device itself                                 kernel unscales (grad_scale)
+//                 an optimizer the optimizer table calls        none: check-only inf pass, the
+//                 Fused (loom::optim's) skips on the device     kernel unscales (grad_scale)
 //   update()      scale *= backoff on inf, *= growth after      _amp_update_scale_, in place
 //                 growth_interval clean steps
 //
@@ -31,7 +31,8 @@
 #include <torch/optim/optimizer.h>
 
 #include <loom/error.hpp>
-#include <loom/optim/fused.hpp>
+#include <loom/optim/optimizer_table.hpp>
+#include <loom/optim/optimizer_traits.hpp>
 #include <loom/state_dict.hpp>
 #include <loom/step_result.hpp>
 
@@ -140,11 +141,12 @@ class GradScaler {
   /// Unscales (unless unscale_ already ran) and runs `optimizer.step()` only if no gradient
   /// was inf or nan. Returns whether the step was applied; a disabled scaler always steps.
   ///
-  /// A loom::optim fused optimizer (FusedOptimizer) steps as Python's fused optimizers do
-  /// under torch's scaler, with no host sync: a check-only inf pass (the gradients stay
-  /// scaled), then one fused call that divides by the scale inside the kernel (no scale when
-  /// unscale_ already ran) and does nothing if the device-side found_inf is set. The result
-  /// then holds that flag: reading it is the one sync.
+  /// An optimizer that loom's optimizer table marks AmpSupport::Fused (loom::optim's fused
+  /// optimizers) steps as Python's fused optimizers do under torch's scaler, with no host
+  /// sync: a check-only inf pass (the gradients stay scaled), then one fused call that divides
+  /// by the scale inside the kernel (no scale when unscale_ already ran) and does nothing if
+  /// the device-side found_inf is set. The result then holds that flag: reading it is the one
+  /// sync.
   StepResult step(torch::optim::Optimizer& optimizer) {
     if (!options_.enabled) {
       optimizer.step();
@@ -156,7 +158,10 @@ class GradScaler {
           "loom::amp::GradScaler::step: step() has already been called since the last "
           "update().");
     }
-    if (auto* fused = dynamic_cast<optim::FusedOptimizer*>(&optimizer)) return step_fused(*fused);
+    const auto* info = optim::find_optimizer(optimizer);
+    if (info != nullptr && info->amp == optim::AmpSupport::Fused) {
+      return step_fused(optimizer, *info);
+    }
     if (state_of(optimizer).stage == Stage::Ready) unscale_(optimizer);
     auto& state = state_of(optimizer);  // unscale_ may have added entries; look up again
     if (state.found_inf.empty()) {
@@ -346,7 +351,7 @@ class GradScaler {
   // torch's fused branch of GradScaler.step: _check_inf_per_device (inv_scale 1: the
   // gradients are only checked), found_inf summed on the scale's device, the scale handed to
   // the optimizer unless unscale_ already ran; no host sync anywhere.
-  StepResult step_fused(optim::FusedOptimizer& optimizer) {
+  StepResult step_fused(torch::optim::Optimizer& optimizer, const optim::OptimizerInfo& info) {
     std::optional<at::Tensor> grad_scale;
     if (state_of(optimizer).stage == Stage::Ready) {
       auto found = unscale_grads(optimizer, one_);  // inv_scale 1: check only
@@ -362,7 +367,7 @@ class GradScaler {
       if (i == 1) found = found.clone();
       found.add_(state.found_inf[i].second.to(scale_.device(), /*non_blocking=*/true));
     }
-    optimizer.set_amp(grad_scale, found);
+    info.set_amp(optimizer, grad_scale, found);
     optimizer.step();
     state.stage = Stage::Stepped;
     return StepResult(found);
@@ -462,11 +467,28 @@ class GradScaler {
   std::vector<std::pair<const torch::optim::Optimizer*, OptimizerState>> per_optimizer_;
 };
 
-/// A marker base for optimizers that unscale gradients inside their own step (fused AMP
-/// optimizers). loom refuses to clip their gradients under 16-mixed: it would have to
-/// unscale them first, and the optimizer would then unscale them a second time.
+/// A marker base for optimizers that unscale gradients inside their own step, kept for code
+/// written before loom's optimizer table: the table's way is optimizer_traits<O>::amp =
+/// optim::AmpSupport::SelfUnscaling. loom refuses to clip their gradients under 16-mixed: it
+/// would have to unscale them first, and the optimizer would then unscale them a second time.
 struct SelfUnscalingOptimizer {
   virtual ~SelfUnscalingOptimizer() = default;
 };
+
+/// Whether `optimizer` unscales its gradients inside its own step: its row of loom's optimizer
+/// table says AmpSupport::SelfUnscaling, or it derives from SelfUnscalingOptimizer.
+inline bool unscales_itself(const torch::optim::Optimizer& optimizer) {
+  return optim::amp_support(optimizer) == optim::AmpSupport::SelfUnscaling ||
+         dynamic_cast<const SelfUnscalingOptimizer*>(&optimizer) != nullptr;
+}
+
+/// Throws loom::Error when loom's optimizer table says `optimizer` cannot run under a
+/// GradScaler (AmpSupport::Refused: LBFGS, whose closure recomputes unscaled gradients).
+inline void refuse_unscalable(const torch::optim::Optimizer& optimizer) {
+  const auto* info = optim::find_optimizer(optimizer);
+  if (info != nullptr && info->amp == optim::AmpSupport::Refused) {
+    throw Error("loom: AMP and the " + std::string(info->name) + " optimizer are not compatible.");
+  }
+}
 
 }  // namespace loom::amp

@@ -30,6 +30,7 @@
 #include <c10/util/Exception.h>
 #include <caffe2/serialize/inline_container.h>
 
+#include <loom/checkpoint/checkpoint_io.hpp>
 #include <loom/checkpoint/crc32.hpp>
 #include <loom/checkpoint/pickle.hpp>
 #include <loom/error.hpp>
@@ -293,15 +294,6 @@ inline void sync_directory(const std::filesystem::path& dir) {
 
 }  // namespace detail
 
-/// How save_value writes. Like torch.distributed.checkpoint's FileSystemWriter(sync_files=...).
-struct SaveOptions {
-  /// fsync the file before the rename and the directory after it (the default): the new
-  /// checkpoint, or else the old one, survives a power loss or an OS crash. false skips both;
-  /// the save is still atomic for a killed or crashing process (the rename publishes a whole
-  /// file), and takes what torch.save takes.
-  bool sync = true;
-};
-
 /// Writes `value` to `path` as a torch.save file, atomically (see the file comment). Tensors
 /// on a device are copied to the host; their location ("cuda:0") is recorded as torch.save
 /// records it.
@@ -385,5 +377,21 @@ inline c10::IValue load_bytes(const std::string& bytes,
                                 static_cast<int64_t>(bytes.size()), crcs);
   });
 }
+
+/// The CheckpointIO of rt.save and rt.load: save_value and load_value, torch.save files that
+/// stock Python opens with torch.load and that loom reads from Python.
+class TorchFile final : public CheckpointIO {
+ public:
+  explicit TorchFile(SaveOptions options = {}) : options_(options) {}
+  void save(const std::filesystem::path& path, const c10::IValue& value) const override {
+    save_value(path, value, options_);
+  }
+  c10::IValue load(const std::filesystem::path& path, c10::Device map_location) const override {
+    return load_value(path, map_location);
+  }
+
+ private:
+  SaveOptions options_;
+};
 
 }  // namespace loom::checkpoint

@@ -14,7 +14,7 @@ namespace loom {
 ///
 /// Laws: load_state_dict(state_dict()) restores what state_dict saw; teardown may be called
 /// once, after the last step.
-/// Models: every shipped device and precision policy.
+/// Models: every shipped device, precision and strategy policy.
 /// Page: docs/concepts/checkpointable.md
 template <class T>
 concept Checkpointable = true LOOM_DETAIL_CHECKPOINTABLE_ROWS(LOOM_DETAIL_ROW_AND, T);

@@ -14,10 +14,12 @@ namespace loom {
 /// What `Runtime`'s Precision argument must provide: its name, scopes, casts and backward steps.
 ///
 ///   p: P&  cp: const P&  t: const torch::Tensor&  m: torch::nn::Module&
-///   o: torch::optim::Optimizer&  dt: c10::DeviceType  v, n: double  a: precision::ClipAlgorithm
+///   o: torch::optim::Optimizer&  dev: torch::Device  dt: c10::DeviceType  v, n: double
+///   a: precision::ClipAlgorithm
 ///
 ///   expression               returns                   precision::Defaults<P> does
 ///   P::precision()           std::string_view, const   (none: each policy names itself)
+///   p.bind_device(dev)       void                      nothing (called once, when built)
 ///   p.forward_context(dt)    ScopeGuard                nothing (NullGuard)
 ///   p.tensor_init_context()  ScopeGuard                nothing
 ///   p.module_init_context()  ScopeGuard                nothing
@@ -27,6 +29,8 @@ namespace loom {
 ///   p.pre_backward(t, m)     torch::Tensor             returns t; backward uses the result
 ///   p.backward(t, m)         void                      t.backward()
 ///   p.post_backward(t, m)    torch::Tensor             returns t.detach()
+///   p.max_reduced_before_step()  torch::Tensor         undefined; else Runtime all-reduces it
+///                                                      (Max) across ranks before each step
 ///   p.optimizer_step(o)      bool: the step applied    o.step(); true
 ///   p.main_params(o)         std::vector<Tensor>       every param of every group
 ///   p.unscale_gradients(o)   void                      nothing (no loss scaling)

@@ -15,6 +15,7 @@ namespace loom {
 ///
 ///   s: S&  cs: const S&  m: torch::nn::Module&  dev: torch::Device  backend: std::string_view
 ///   loss, t: torch::Tensor  step: a callable running the precision's backward  op: ReduceOp
+///   path: const std::filesystem::path&  v: const c10::IValue&  io: const CheckpointIO&
 ///
 ///   expression               returns                   dist::Defaults<S> does (one process)
 ///   S::strategy()            std::string_view, const   (none) "single_device", "ddp"
@@ -30,18 +31,19 @@ namespace loom {
 ///   s.all_reduce(t, op)      void (t in place)         nothing (one process: t is the result)
 ///   s.broadcast(t, src)      void (t in place)         nothing; src must be 0
 ///   s.all_gather(t)          std::vector<Tensor>       {t.clone()}
+///   s.save_checkpoint(path, v, io)  void               io.save(path, v): it writes
+///   s.load_checkpoint(path, io, dev)  c10::IValue      io.load(path, dev): it reads
 ///   + Checkpointable<S>: state_dict {}, load_state_dict (non-empty: loom::Error), teardown
 ///
 /// When Runtime calls them (the step table of runtime.hpp): setup after the device has moved
 /// the module (`dev` is the device's device(), `backend` its ddp_backend()); pre_forward at
-/// the start of every forward; backward around the precision's backward, so that gradients
-/// are reduced when Runtime::backward returns, before unscale, clip or step; teardown between
-/// the precision's and the device's.
-/// Minimal complete definition, on dist::Defaults<S>: `S::strategy()`.
-/// Laws: every rank calls the collectives in the same order; after backward every rank holds
-/// the same gradients unless a no_sync() guard is alive.
-/// Models: dist::SingleProcess, dist::Ddp.
-/// Page: docs/concepts/strategy.md
+/// the start of every forward; save_checkpoint in rt.save (who writes: Ddp's rank 0, a failure
+/// reaching every rank), load_checkpoint in rt.load; backward around the precision's backward, so
+/// that gradients are reduced when Runtime::backward returns, before unscale, clip or step;
+/// teardown between the precision's and the device's. Minimal complete definition, on
+/// dist::Defaults<S>: `S::strategy()`. Laws: every rank calls the collectives in the same order;
+/// after backward every rank holds the same gradients unless a no_sync() guard is alive. Models:
+/// dist::SingleProcess, dist::Ddp. Page: docs/concepts/strategy.md
 template <class S>
 concept StrategyPolicy =
     true LOOM_DETAIL_STRATEGY_ROWS(LOOM_DETAIL_ROW_AND, S) && Checkpointable<S>;

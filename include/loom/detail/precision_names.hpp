@@ -1,6 +1,9 @@
 #pragma once
-// Lightning's precision names, spelled once: the list that precision_t's error, with_precision's
-// error and precision::allowed_names all print, and the name type precision_t<"..."> takes.
+// Lightning's precision names as the errors print them: the text that precision_t's error,
+// with_precision's error and precision::allowed_names show, and the name type precision_t<"...">
+// takes. The names themselves are listed once, with their policies, in precision_select.hpp's
+// precision_name_list; a static_assert there keeps this text equal to the one that list gives
+// (a static_assert's message must be a string literal, so the text is written out here).
 #include <algorithm>
 #include <cstddef>
 #include <string_view>

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/BFloat16.h>
@@ -36,6 +37,10 @@ template <class P>
 concept precision_has_name = requires {
   { P::precision() } -> std::same_as<std::string_view>;
   typename constant<P::precision().size()>;  // a constant expression
+};
+template <class P>
+concept precision_has_bind_device = requires(P& p, c10::Device d) {
+  { p.bind_device(d) } -> std::same_as<void>;
 };
 template <class P>
 concept precision_has_forward_context = requires(P& p, c10::DeviceType dt) {
@@ -81,6 +86,10 @@ concept precision_has_optimizer_step = requires(P& p, torch::optim::Optimizer& o
   { p.optimizer_step(o) } -> step_result_like;
 };
 template <class P>
+concept precision_has_max_reduced_before_step = requires(P& p) {
+  { p.max_reduced_before_step() } -> std::same_as<at::Tensor>;
+};
+template <class P>
 concept precision_has_main_params = requires(P& p, torch::optim::Optimizer& o) {
   { p.main_params(o) } -> std::same_as<std::vector<at::Tensor>>;
 };
@@ -103,6 +112,7 @@ concept precision_has_loss_scale = requires(const P& p) {
   X(__VA_ARGS__, movable, "a move constructor")                                                 \
   X(__VA_ARGS__, precision_has_name,                                                            \
     "`static constexpr std::string_view precision()`, its name such as \"32-true\"")            \
+  X(__VA_ARGS__, precision_has_bind_device, "`void bind_device(torch::Device)`")                \
   X(__VA_ARGS__, precision_has_forward_context,                                                 \
     "`forward_context(c10::DeviceType)` returning a ScopeGuard")                                \
   X(__VA_ARGS__, precision_has_tensor_init_context, "`tensor_init_context()` returning a ScopeGuard") \
@@ -117,6 +127,8 @@ concept precision_has_loss_scale = requires(const P& p) {
   X(__VA_ARGS__, precision_has_backward, "`void backward(const torch::Tensor&, torch::nn::Module&)`") \
   X(__VA_ARGS__, precision_has_post_backward,                                                   \
     "`torch::Tensor post_backward(const torch::Tensor&, torch::nn::Module&)`")                  \
+  X(__VA_ARGS__, precision_has_max_reduced_before_step,                                         \
+    "`torch::Tensor max_reduced_before_step()`")                                                \
   X(__VA_ARGS__, precision_has_optimizer_step, "`bool optimizer_step(torch::optim::Optimizer&)`") \
   X(__VA_ARGS__, precision_has_main_params,                                                     \
     "`std::vector<torch::Tensor> main_params(torch::optim::Optimizer&)`")                       \

@@ -2,11 +2,13 @@
 // The rows of loom::StrategyPolicy (concepts/strategy.hpp): one concept per row, the list that
 // makes the concept and its diagnostics, and the check Runtime runs on its Strategy argument.
 #include <concepts>
+#include <filesystem>
 #include <string_view>
 #include <type_traits>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
 
 #include <loom/concepts/scope_guard.hpp>
@@ -21,6 +23,9 @@ namespace loom::dist {
 enum class ReduceOp : int;  // defined with its concept, concepts/strategy.hpp
 struct DdpOptions;          // dist/ddp.hpp
 }  // namespace loom::dist
+namespace loom::checkpoint {
+class CheckpointIO;  // checkpoint/checkpoint_io.hpp
+}
 
 namespace loom::detail {
 
@@ -85,6 +90,18 @@ concept strategy_has_all_gather = requires(S& s, const at::Tensor& t) {
   { s.all_gather(t) } -> std::same_as<std::vector<at::Tensor>>;
 };
 
+template <class S>
+concept strategy_has_save_checkpoint = requires(S& s, const std::filesystem::path& p,
+                                                const c10::IValue& v,
+                                                const checkpoint::CheckpointIO& io) {
+  { s.save_checkpoint(p, v, io) } -> std::same_as<void>;
+};
+template <class S>
+concept strategy_has_load_checkpoint = requires(S& s, const std::filesystem::path& p,
+                                                const checkpoint::CheckpointIO& io, c10::Device d) {
+  { s.load_checkpoint(p, io, d) } -> std::same_as<c10::IValue>;
+};
+
 // clang-format off
 #define LOOM_DETAIL_STRATEGY_ROWS(X, ...)                                                       \
   X(__VA_ARGS__, movable, "a move constructor")                                                 \
@@ -104,7 +121,13 @@ concept strategy_has_all_gather = requires(S& s, const at::Tensor& t) {
     "`void all_reduce(torch::Tensor&, loom::dist::ReduceOp)`")                                  \
   X(__VA_ARGS__, strategy_has_broadcast, "`void broadcast(torch::Tensor&, int src)`")           \
   X(__VA_ARGS__, strategy_has_all_gather,                                                       \
-    "`std::vector<torch::Tensor> all_gather(const torch::Tensor&)`")
+    "`std::vector<torch::Tensor> all_gather(const torch::Tensor&)`")                            \
+  X(__VA_ARGS__, strategy_has_save_checkpoint,                                                  \
+    "`void save_checkpoint(const std::filesystem::path&, const c10::IValue&, "                  \
+    "const loom::checkpoint::CheckpointIO&)`")                                                  \
+  X(__VA_ARGS__, strategy_has_load_checkpoint,                                                  \
+    "`c10::IValue load_checkpoint(const std::filesystem::path&, "                               \
+    "const loom::checkpoint::CheckpointIO&, torch::Device)`")
 
 #define LOOM_DETAIL_STRATEGY_LACKS \
   "loom::Runtime: the Strategy argument does not model StrategyPolicy: it lacks "

@@ -5,6 +5,7 @@
 // where a Ddp is constructed.
 #include <chrono>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,8 +14,10 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
 
+#include <loom/checkpoint/checkpoint_io.hpp>
 #include <loom/concepts/strategy.hpp>
 #include <loom/state_dict.hpp>
 
@@ -142,6 +145,15 @@ class Ddp {
   void all_reduce(at::Tensor& t, ReduceOp op);
   void broadcast(at::Tensor& t, int src);
   std::vector<at::Tensor> all_gather(const at::Tensor& t);
+
+  /// rt.save: rank 0 writes through `io`; every rank returns once the file is written, and a
+  /// failed write is a loom::Error on every rank (rank 0's message there, elsewhere one naming
+  /// the file).
+  void save_checkpoint(const std::filesystem::path& path, const c10::IValue& value,
+                       const checkpoint::CheckpointIO& io);
+  /// rt.load: every rank reads the whole file through `io`, tensors mapped to `device`.
+  c10::IValue load_checkpoint(const std::filesystem::path& path, const checkpoint::CheckpointIO& io,
+                              c10::Device device);
 
   StateDict state_dict() const { return {}; }
   void load_state_dict(const StateDict& state);

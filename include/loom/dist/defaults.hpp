@@ -1,11 +1,14 @@
 #pragma once
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
 
+#include <loom/checkpoint/checkpoint_io.hpp>
 #include <loom/concepts/strategy.hpp>
 #include <loom/detail/refuse_state.hpp>
 #include <loom/error.hpp>
@@ -56,6 +59,20 @@ struct Defaults {
     }
   }
   std::vector<at::Tensor> all_gather(const at::Tensor& t) { return {t.clone()}; }
+
+  /// Writes a checkpoint's value through `io` (rt.save). One process: it writes. A distributed
+  /// strategy decides which ranks write (Ddp: rank 0) and how a failed write reaches every rank
+  /// (Ddp: a loom::Error on all of them); a sharded one may write each rank's part.
+  void save_checkpoint(const std::filesystem::path& path, const c10::IValue& value,
+                       const checkpoint::CheckpointIO& io) {
+    io.save(path, value);
+  }
+  /// Reads a checkpoint's value through `io` (rt.load), tensors on `device`: every process
+  /// reads the whole file.
+  c10::IValue load_checkpoint(const std::filesystem::path& path, const checkpoint::CheckpointIO& io,
+                              c10::Device device) {
+    return io.load(path, device);
+  }
 
   StateDict state_dict() const { return {}; }
   void load_state_dict(const StateDict& state) {

@@ -1,8 +1,11 @@
 #pragma once
 // loom::optim::Adam and AdamW: Python's torch.optim.Adam / AdamW(..., fused=True), one
-// at::_fused_adam_ / at::_fused_adamw_ call per (device, dtype) group. docs/optim.md
+// at::_fused_adam_ / at::_fused_adamw_ call per (device, dtype) group, and their rows of loom's
+// optimizer table. docs/optim.md
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -12,6 +15,7 @@
 #include <ATen/ops/_foreach_sub.h>
 #include <ATen/ops/_fused_adam.h>
 #include <ATen/ops/_fused_adamw.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <torch/arg.h>
@@ -21,6 +25,9 @@
 
 #include <loom/error.hpp>
 #include <loom/optim/fused.hpp>
+#include <loom/optim/libtorch_traits.hpp>
+#include <loom/optim/optimizer_table.hpp>
+#include <loom/optim/optimizer_traits.hpp>
 
 namespace loom::optim {
 
@@ -68,12 +75,7 @@ using AdamWOptions = detail::AdamOptionsFor<true>;
 
 /// One parameter's Adam/AdamW state, as Python's fused state: `step` (f32 0-dim on the
 /// parameter's device), `exp_avg`, `exp_avg_sq`, and `max_exp_avg_sq` with amsgrad.
-struct AdamParamState : torch::optim::OptimizerCloneableParamState<AdamParamState>, MovableState {
-  void move_to(const c10::Device& device) override {
-    for (auto* t : {&step_, &exp_avg_, &exp_avg_sq_, &max_exp_avg_sq_}) {
-      if (t->defined()) *t = t->to(device);
-    }
-  }
+struct AdamParamState : torch::optim::OptimizerCloneableParamState<AdamParamState> {
   void serialize(torch::serialize::OutputArchive& archive) const override {
     _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
     _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
@@ -98,8 +100,10 @@ namespace detail {
 template <class Options, bool Decoupled>
 class AdamLike : public FusedOptimizer {
  public:
+  /// Enters the optimizer in loom's optimizer table (the first time).
   AdamLike(const std::vector<torch::optim::OptimizerParamGroup>& groups, Options defaults)
       : FusedOptimizer(groups, std::make_unique<Options>(defaults)) {
+    register_optimizer<AdamLike>();
     this->template check_options<Options>(check);
   }
   AdamLike(std::vector<at::Tensor> params, Options defaults)
@@ -187,5 +191,50 @@ using Adam = detail::AdamLike<AdamOptions, false>;
 /// AdamW, as `torch.optim.AdamW(params, lr, betas, eps, weight_decay, amsgrad, maximize=...,
 /// fused=True)`.
 using AdamW = detail::AdamLike<AdamWOptions, true>;
+
+/// loom::optim::Adam and AdamW in loom's optimizer table: Python's fused layout (`step` an f32
+/// tensor on the parameter's device, `fused` True), beta1 as momentum, the fused AMP hand-over.
+template <class Options, bool Decoupled>
+struct optimizer_traits<detail::AdamLike<Options, Decoupled>> : TraitsDefaults {
+  using options = Options;
+  using param_state = AdamParamState;
+  static constexpr std::string_view name = Decoupled ? "loom::optim::AdamW" : "loom::optim::Adam";
+  static constexpr MomentumKind momentum = MomentumKind::Beta1;
+  static constexpr AmpSupport amp = AmpSupport::Fused;
+
+  static void save_options(const options& o, c10::impl::GenericDict& g) {
+    detail::save_adam_options(o, o.maximize(), true, Decoupled, g);
+  }
+  static void load_options(options& o, const PythonReader& r) {
+    detail::load_adam_options(o, Decoupled, r);
+    o.maximize(r.boolean_or("maximize", false));
+  }
+  static void save_state(const param_state& s, c10::impl::GenericDict& d) {
+    d.insert("step", s.step().detach());
+    d.insert("exp_avg", s.exp_avg().detach());
+    d.insert("exp_avg_sq", s.exp_avg_sq().detach());
+    if (s.max_exp_avg_sq().defined()) d.insert("max_exp_avg_sq", s.max_exp_avg_sq().detach());
+  }
+  /// `step` goes to the parameter's device as f32, Python's fused rule.
+  static std::unique_ptr<param_state> load_state(const PythonReader& r, const options& group) {
+    auto s = std::make_unique<param_state>();
+    s->step(at::full({}, r.number("step"), r.param().options().dtype(at::kFloat)));
+    s->exp_avg(r.tensor("exp_avg"));
+    s->exp_avg_sq(r.tensor("exp_avg_sq"));
+    if (group.amsgrad()) s->max_exp_avg_sq(r.tensor("max_exp_avg_sq"));
+    return s;
+  }
+  static void move_state(param_state& s, const c10::Device& device) {
+    detail::move_tensors(s.step(), device);
+    detail::move_tensors(s.exp_avg(), device);
+    detail::move_tensors(s.exp_avg_sq(), device);
+    detail::move_tensors(s.max_exp_avg_sq(), device);
+  }
+  static double& momentum_of(options& o) { return std::get<0>(o.betas()); }
+  static void set_amp(detail::AdamLike<Options, Decoupled>& o, std::optional<at::Tensor> grad_scale,
+                      std::optional<at::Tensor> found_inf) {
+    o.set_amp(std::move(grad_scale), std::move(found_inf));
+  }
+};
 
 }  // namespace loom::optim

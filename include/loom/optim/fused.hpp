@@ -19,12 +19,9 @@
 #include <c10/core/ScalarType.h>
 #include <torch/optim/optimizer.h>
 
-#include <loom/detail/state_registry.hpp>
 #include <loom/error.hpp>
 
 namespace loom::optim {
-
-using detail::MovableState;
 
 /// The base of loom's fused optimizers: param groups, the AMP hand-over and the grouping of
 /// parameters by (device, dtype) that every fused kernel call needs.

@@ -1,8 +1,10 @@
 #pragma once
 // loom::optim::SGD: Python's torch.optim.SGD(..., fused=True), one at::_fused_sgd_ call per
-// (device, dtype) group. docs/optim.md
+// (device, dtype) group, and its row of loom's optimizer table. docs/optim.md
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -16,6 +18,9 @@
 
 #include <loom/error.hpp>
 #include <loom/optim/fused.hpp>
+#include <loom/optim/libtorch_traits.hpp>
+#include <loom/optim/optimizer_table.hpp>
+#include <loom/optim/optimizer_traits.hpp>
 
 namespace loom::optim {
 
@@ -50,10 +55,7 @@ struct SGDOptions : torch::optim::OptimizerCloneableOptions<SGDOptions> {
 };
 
 /// One parameter's SGD state: Python's `momentum_buffer` (only when momentum != 0).
-struct SGDParamState : torch::optim::OptimizerCloneableParamState<SGDParamState>, MovableState {
-  void move_to(const c10::Device& device) override {
-    if (momentum_buffer_.defined()) momentum_buffer_ = momentum_buffer_.to(device);
-  }
+struct SGDParamState : torch::optim::OptimizerCloneableParamState<SGDParamState> {
   void serialize(torch::serialize::OutputArchive& archive) const override {
     _TORCH_OPTIM_SERIALIZE_TORCH_ARG(momentum_buffer);
   }
@@ -73,10 +75,8 @@ struct SGDParamState : torch::optim::OptimizerCloneableParamState<SGDParamState>
 /// flag once (one host sync, once) to know whether the buffers were filled.
 class SGD : public FusedOptimizer {
  public:
-  SGD(const std::vector<torch::optim::OptimizerParamGroup>& groups, SGDOptions defaults)
-      : FusedOptimizer(groups, std::make_unique<SGDOptions>(defaults)) {
-    check_options<SGDOptions>(check);
-  }
+  /// Enters SGD in loom's optimizer table (the first time).
+  SGD(const std::vector<torch::optim::OptimizerParamGroup>& groups, SGDOptions defaults);
   SGD(std::vector<at::Tensor> params, SGDOptions defaults)
       : SGD({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
 
@@ -140,5 +140,46 @@ class SGD : public FusedOptimizer {
     }
   }
 };
+
+/// loom::optim::SGD in loom's optimizer table: Python's fused layout (`fused` True), the fused
+/// AMP hand-over.
+template <>
+struct optimizer_traits<SGD> : TraitsDefaults {
+  using options = SGDOptions;
+  using param_state = SGDParamState;
+  static constexpr std::string_view name = "loom::optim::SGD";
+  static constexpr MomentumKind momentum = MomentumKind::Momentum;
+  static constexpr AmpSupport amp = AmpSupport::Fused;
+
+  static void save_options(const options& o, c10::impl::GenericDict& g) {
+    detail::save_sgd_options(o, o.maximize(), true, g);
+  }
+  static void load_options(options& o, const PythonReader& r) {
+    detail::load_sgd_options(o, r);
+    o.maximize(r.boolean_or("maximize", false));
+  }
+  static void save_state(const param_state& s, c10::impl::GenericDict& d) {
+    if (s.momentum_buffer().defined()) d.insert("momentum_buffer", s.momentum_buffer().detach());
+  }
+  static std::unique_ptr<param_state> load_state(const PythonReader& r, const options&) {
+    auto s = std::make_unique<param_state>();
+    if (r.has("momentum_buffer")) s->momentum_buffer(r.tensor("momentum_buffer"));
+    return s;
+  }
+  static void move_state(param_state& s, const c10::Device& device) {
+    detail::move_tensors(s.momentum_buffer(), device);
+  }
+  static double& momentum_of(options& o) { return o.momentum(); }
+  static void set_amp(SGD& o, std::optional<at::Tensor> grad_scale,
+                      std::optional<at::Tensor> found_inf) {
+    o.set_amp(std::move(grad_scale), std::move(found_inf));
+  }
+};
+
+inline SGD::SGD(const std::vector<torch::optim::OptimizerParamGroup>& groups, SGDOptions defaults)
+    : FusedOptimizer(groups, std::make_unique<SGDOptions>(defaults)) {
+  register_optimizer<SGD>();
+  check_options<SGDOptions>(check);
+}
 
 }  // namespace loom::optim

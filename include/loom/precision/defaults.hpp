@@ -2,6 +2,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/core/DeviceType.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -30,6 +31,10 @@ struct Defaults {
   /// Names this base for loom::is_default (is_default.hpp).
   using defaults_type = Defaults;
 
+  /// Learns the runtime's device once, when the runtime is built (fp8-mixed: whether this GPU
+  /// runs fp8 products); nothing here.
+  void bind_device(c10::Device) {}
+
   NullGuard forward_context(c10::DeviceType) const { return {}; }
   NullGuard tensor_init_context() const { return {}; }
   NullGuard module_init_context() const { return {}; }
@@ -41,6 +46,11 @@ struct Defaults {
   at::Tensor pre_backward(const at::Tensor& loss, torch::nn::Module&) { return loss; }
   void backward(const at::Tensor& loss, torch::nn::Module&) { loss.backward(); }
   at::Tensor post_backward(const at::Tensor& loss, torch::nn::Module&) { return loss.detach(); }
+
+  /// State every rank must agree on before the optimizer step: a tensor the runtime all-reduces
+  /// with Max in place across ranks before each optimizer_step (fp8-mixed: the delayed
+  /// scales' current amaxes). Undefined: nothing to agree on, as here.
+  at::Tensor max_reduced_before_step() const { return {}; }
 
   /// Runs the step; returns whether it was applied (always, here).
   bool optimizer_step(torch::optim::Optimizer& optimizer) {

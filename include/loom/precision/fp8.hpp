@@ -132,9 +132,10 @@ struct Fp8Mixed : Mixed<Fp8Mixed, c10::kBFloat16> {
     return true;
   }
 
-  /// What Runtime all-reduces (MAX) across ranks before each optimizer step: the current
-  /// step's amaxes of every layer under delayed scaling; an undefined tensor otherwise.
-  at::Tensor amaxes_to_reduce() const { return block_ ? block_->current() : at::Tensor(); }
+  /// What Runtime all-reduces (Max) across ranks before each optimizer step, so every rank
+  /// keeps the same scales: the current step's amaxes of every layer under delayed scaling; an
+  /// undefined tensor otherwise.
+  at::Tensor max_reduced_before_step() const { return block_ ? block_->current() : at::Tensor(); }
 
   /// Delayed scaling: "fp8.<layer>.amax_history" (history_len, 3) and "fp8.<layer>.scale" (3)
   /// for every converted layer (columns: input, weight, output gradient). Else empty.

@@ -7,7 +7,6 @@
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
-#include <torch/optim/lbfgs.h>
 #include <torch/optim/optimizer.h>
 
 #include <loom/amp/autocast.hpp>
@@ -96,7 +95,7 @@ struct Fp16Mixed : Mixed<Fp16Mixed, c10::kHalf> {
   double clip_gradients(torch::optim::Optimizer& optimizer, double value, ClipAlgorithm algorithm,
                         double norm_type = 2.0) {
     if (value <= 0) return 0.0;
-    if (dynamic_cast<const amp::SelfUnscalingOptimizer*>(&optimizer) != nullptr) {
+    if (amp::unscales_itself(optimizer)) {
       throw Error(
           "loom: 16-mixed cannot clip the gradients of an optimizer that unscales them "
           "itself (its step would unscale them a second time); clip inside the "
@@ -126,10 +125,9 @@ struct Fp16Mixed : Mixed<Fp16Mixed, c10::kHalf> {
     }
   }
 
+  // LBFGS: its closure recomputes the gradients unscaled (loom's optimizer table says which).
   static void refuse_closure_optimizers(torch::optim::Optimizer& optimizer) {
-    if (dynamic_cast<torch::optim::LBFGS*>(&optimizer) != nullptr) {
-      throw Error("loom: AMP and the LBFGS optimizer are not compatible.");
-    }
+    amp::refuse_unscalable(optimizer);
   }
 
   amp::GradScaler scaler_;

@@ -10,9 +10,11 @@
 //   "16-mixed", "16", 16   Fp16Mixed    "16" and 16: discouraged (with_precision warns)
 //   "bf16-mixed", "bf16"   Bf16Mixed    "bf16": discouraged (with_precision warns)
 //   "fp8-mixed"            Fp8Mixed     "transformer-engine" is refused, naming it
-// Matching is exact and case-sensitive; anything else is an error listing the names.
+// Matching is exact and case-sensitive; anything else is an error listing the names. The list
+// itself, names and policies, is detail/precision_select.hpp's precision_name_list.
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include <c10/util/Exception.h>
@@ -48,50 +50,113 @@ struct PrecisionOptions {
   fp8::LinearRecipe fp8{};
 };
 
-/// Calls `fn(policy)` with the policy of the precision `name` selects, built from `options`
-/// (Fp16Mixed(options.grad_scaler), Fp8Mixed(options.fp8); the others default-constructed),
-/// and returns fn's result; `fn` is generic, so every branch is compiled. Aliases warn
-/// (TORCH_WARN); an unknown name throws loom::Error listing the allowed names.
-template <class Fn>
-decltype(auto) with_precision(std::string_view name, Fn&& fn,
-                              const PrecisionOptions& options = {}) {
-  auto alias = [&](std::string_view canonical) {
-    TORCH_WARN("loom: precision \"", std::string(name), "\" is discouraged, use \"",
-               std::string(canonical), "\"");
-  };
-  auto fp16_mixed = [&] { return precision::Fp16Mixed(options.grad_scaler); };
-  if (name == "32-true" || name == "32") return std::forward<Fn>(fn)(precision::Fp32{});
-  if (name == "64-true" || name == "64") return std::forward<Fn>(fn)(precision::Fp64{});
-  if (name == "16-true") return std::forward<Fn>(fn)(precision::Fp16True{});
-  if (name == "bf16-true") return std::forward<Fn>(fn)(precision::Bf16True{});
-  if (name == "16-mixed") return std::forward<Fn>(fn)(fp16_mixed());
-  if (name == "bf16-mixed") return std::forward<Fn>(fn)(precision::Bf16Mixed{});
-  if (name == "fp8-mixed") return std::forward<Fn>(fn)(precision::Fp8Mixed(options.fp8));
-  if (name == "16") {
-    alias("16-mixed");
-    return std::forward<Fn>(fn)(fp16_mixed());
+/// A list of precision policies, to limit what with_precision and with_runtime compile:
+/// loom::precisions<loom::Fp32, loom::Bf16Mixed>. Each is one of the policies above.
+template <class... Policies>
+struct precisions {};
+
+namespace detail {
+
+/// The names with_precision<Allowed> accepts, as its errors print them.
+template <class Allowed>
+std::string allowed_precision_names() {
+  if constexpr (std::is_same_v<Allowed, all_precisions>) {
+    return LOOM_DETAIL_PRECISION_NAMES;
+  } else {
+    return std::string(names_text<Allowed>(precision_name_list{}).view());
   }
-  if (name == "bf16") {
-    alias("bf16-mixed");
-    return std::forward<Fn>(fn)(precision::Bf16Mixed{});
+}
+
+/// fn's result for the first policy of `Allowed`, checked to be the same for every other.
+template <class Fn, class Allowed>
+struct precision_result_of;
+template <class Fn, class P, class... Ps>
+struct precision_result_of<Fn, precisions<P, Ps...>> {
+  using type = std::invoke_result_t<Fn, P>;
+  static_assert((std::is_same_v<type, std::invoke_result_t<Fn, Ps>> && ...),
+                "loom::with_precision(name, fn): fn must return the same type for every "
+                "precision");
+};
+template <class Fn, class Allowed>
+using precision_result = typename precision_result_of<Fn, Allowed>::type;
+
+/// The policy `P`, built from the options that configure it.
+template <class P>
+P make_precision(const PrecisionOptions& options) {
+  if constexpr (std::is_same_v<P, precision::Fp16Mixed>) {
+    return P(options.grad_scaler);
+  } else if constexpr (std::is_same_v<P, precision::Fp8Mixed>) {
+    return P(options.fp8);
+  } else {
+    return P{};
   }
+}
+
+/// with_precision's walk down precision_name_list: the first row named `name` whose policy
+/// `Allowed` holds calls fn; a row named `name` outside it, or no row, throws.
+template <class R, class Allowed, class Fn>
+R dispatch_precision(precision_name_table<>, std::string_view name, Fn&&, const PrecisionOptions&) {
   if (name.starts_with("transformer-engine")) {
     throw Error("loom: precision \"" + std::string(name) +
                 "\" is not supported by loom; its native alternative is \"fp8-mixed\" "
                 "(fp8 linear layers on at::_scaled_mm, docs/fp8.md)");
   }
   throw Error("loom: unknown precision \"" + std::string(name) +
-              "\"; allowed: " LOOM_DETAIL_PRECISION_NAMES);
+              "\"; allowed: " + allowed_precision_names<Allowed>());
+}
+template <class R, class Allowed, class Fn, class Row, class... Rows>
+R dispatch_precision(precision_name_table<Row, Rows...>, std::string_view name, Fn&& fn,
+                     const PrecisionOptions& options) {
+  using P = typename Row::policy;
+  if (name == Row::name()) {
+    if constexpr (allows_precision<Allowed, P>) {
+      if constexpr (Row::use == NameUse::Discouraged) {
+        TORCH_WARN("loom: precision \"", std::string(name), "\" is discouraged, use \"",
+                   std::string(P::precision()), "\"");
+      }
+      return std::forward<Fn>(fn)(make_precision<P>(options));
+    } else {
+      throw Error("loom: precision \"" + std::string(name) +
+                  "\" is not among the precisions compiled in (loom::precisions<...>); "
+                  "allowed: " +
+                  allowed_precision_names<Allowed>());
+    }
+  }
+  return dispatch_precision<R, Allowed>(precision_name_table<Rows...>{}, name, std::forward<Fn>(fn),
+                                        options);
+}
+
+}  // namespace detail
+
+/// Calls `fn(policy)` with the policy of the precision `name` selects, built from `options`
+/// (Fp16Mixed(options.grad_scaler), Fp8Mixed(options.fp8); the others default-constructed),
+/// and returns fn's result; `fn` is generic, so every branch is compiled, and must return the
+/// same type for each. Aliases warn (TORCH_WARN); an unknown name throws loom::Error listing
+/// the allowed names.
+///
+/// `Allowed`, a loom::precisions<...>, limits the policies compiled (all by default): a name
+/// of a policy outside it throws loom::Error listing the names of those in it.
+///
+///   loom::with_precision<loom::precisions<loom::Fp32, loom::Bf16Mixed>>(flag, fn);
+template <class Allowed = detail::all_precisions, class Fn>
+decltype(auto) with_precision(std::string_view name, Fn&& fn,
+                              const PrecisionOptions& options = {}) {
+  static_assert(detail::is_precision_list<Allowed>, LOOM_DETAIL_PRECISION_LIST_MESSAGE);
+  if constexpr (detail::is_precision_list<Allowed>) {
+    using R = detail::precision_result<Fn, Allowed>;
+    return detail::dispatch_precision<R, Allowed>(detail::precision_name_list{}, name,
+                                                  std::forward<Fn>(fn), options);
+  }
 }
 
 /// with_precision for Lightning's integer forms: 16, 32 or 64.
-template <class Fn>
+template <class Allowed = detail::all_precisions, class Fn>
 decltype(auto) with_precision(int bits, Fn&& fn, const PrecisionOptions& options = {}) {
   if (bits != 16 && bits != 32 && bits != 64) {
     throw Error("loom: unknown precision " + std::to_string(bits) +
-                "; allowed: " LOOM_DETAIL_PRECISION_NAMES);
+                "; allowed: " + detail::allowed_precision_names<Allowed>());
   }
-  return with_precision(std::to_string(bits), std::forward<Fn>(fn), options);
+  return with_precision<Allowed>(std::to_string(bits), std::forward<Fn>(fn), options);
 }
 
 }  // namespace loom

@@ -11,7 +11,8 @@
 // Each entry knows how to turn its object into a value of the file and back:
 //   modules (torch::nn::Module, a ModuleHolder, a shared_ptr)   state_dict() names -> tensors
 //   optimizers (SGD, Adam, AdamW; LibTorch's and loom::optim's) Python's optimizer layout
-//   anything with checkpoint_state() / load_checkpoint_state(v, strict) (loom::Runtime)
+//   a loom::Runtime                                             state/runtime.hpp's entry
+//   anything with checkpoint_state() / load_checkpoint_state(v, strict)
 //   anything with state_dict() / load_state_dict(...) (schedulers, samplers, GradScaler)
 //   at::Tensor (copied in place), bool, integers, floating point numbers, std::string,
 //   c10::IValue (any value the file can hold)
@@ -33,6 +34,7 @@
 #include <loom/error.hpp>
 #include <loom/state/module.hpp>
 #include <loom/state/optimizer.hpp>
+#include <loom/state/runtime.hpp>
 #include <loom/state/values.hpp>
 #include <loom/state_dict.hpp>
 
@@ -62,21 +64,6 @@ concept value_stateful = requires(T& x, const c10::IValue& v) {
   { x.state_dict() } -> std::convertible_to<c10::IValue>;
   x.load_state_dict(v);
 };
-
-inline Dict to_dict(const StateDict& s) {
-  Dict d = new_dict();
-  for (const auto& [k, v] : s) d.insert(k, v);
-  return d;
-}
-
-inline StateDict from_dict(const c10::IValue& v, const std::string& path) {
-  StateDict out;
-  for (const auto& e : as_dict(v, path)) {
-    if (!e.key().isString()) fail(path, "has a key that is not a string");
-    out.emplace(e.key().toStringRef(), e.value());
-  }
-  return out;
-}
 
 inline void load_tensor(at::Tensor& t, const c10::IValue& v, const std::string& path) {
   at::Tensor src = as_tensor(v, path);
@@ -117,6 +104,11 @@ class StateEntry {
       save_ = [mut, path] { return c10::IValue(state::optimizer_state(*mut, path)); };
       load_ = [mut, path](const c10::IValue& v, bool) {
         state::load_optimizer_state(*mut, v, path, /*adopt=*/true);
+      };
+    } else if constexpr (state::detail::runtime_like<U>) {
+      save_ = [mut] { return c10::IValue(state::runtime_state(*mut)); };
+      load_ = [mut](const c10::IValue& v, bool strict) {
+        state::load_runtime_state(*mut, v, strict);
       };
     } else if constexpr (state::detail::checkpoint_stateful<U>) {
       save_ = [mut] { return c10::IValue(mut->checkpoint_state()); };
@@ -162,11 +154,12 @@ class StateEntry {
       save_ = [mut] { return *mut; };
       load_ = [mut](const c10::IValue& v, bool) { *mut = v; };
     } else {
-      static_assert(sizeof(U) == 0,
-                    "loom::State: this type cannot be checkpointed; an entry refers to a module, "
-                    "an optimizer, something with state_dict()/load_state_dict() or "
-                    "checkpoint_state()/load_checkpoint_state(), a tensor, a number, a string "
-                    "or a c10::IValue");
+      static_assert(
+          sizeof(U) == 0,
+          "loom::State: this type cannot be checkpointed; an entry refers to a module, "
+          "an optimizer, a loom::Runtime, something with state_dict()/load_state_dict() or "
+          "checkpoint_state()/load_checkpoint_state(), a tensor, a number, a string "
+          "or a c10::IValue");
     }
     if constexpr (!writable) {
       load_ = [path](const c10::IValue&, bool) {

@@ -46,10 +46,10 @@ inline Dict module_state(const torch::nn::Module& module) {
 /// Copies the tensors of `state` (a module_state, or Python's `state_dict()`) into `module`'s
 /// parameters and buffers, in place: onto their device, cast to their dtype when both are
 /// floating point (a fp32 checkpoint loads into a bf16 module, as convert_module would cast
-/// it). Throws loom::Error naming every key at fault: a shape mismatch, a floating/integer
-/// mismatch, and (when `strict`) missing and unexpected keys, as Python's
-/// load_state_dict(strict=True). Nothing is copied when anything is wrong. `path` names the
-/// state in errors ("model").
+/// it). Throws loom::Error naming the keys at fault, one line per kind (at most five keys each,
+/// then a count): a shape mismatch, a floating/integer mismatch, and (when `strict`) missing
+/// and unexpected keys, as Python's load_state_dict(strict=True). Nothing is copied when anything
+/// is wrong. `path` names the state in errors ("model").
 inline void load_module_state(torch::nn::Module& module, const c10::IValue& state,
                               std::string_view path, bool strict = true) {
   const Dict d = as_dict(state, path);
@@ -91,19 +91,26 @@ inline void load_module_state(torch::nn::Module& module, const c10::IValue& stat
     }
     if (!names.count(e.key().toStringRef())) unexpected.push_back(e.key().toStringRef());
   }
+  // One line per kind of fault, at most `shown` keys each, then how many more: a large
+  // model's mismatch stays readable.
+  constexpr std::size_t shown = 5;
   std::string why;
   auto list = [&](const char* what, const std::vector<std::string>& keys) {
     if (keys.empty()) return;
-    why += std::string(why.empty() ? "" : "; ") + what;
-    for (std::size_t i = 0; i < keys.size(); ++i) why += (i ? ", " : " ") + keys[i];
+    why += std::string("\n  ") + what + " (" + std::to_string(keys.size()) + "):";
+    for (std::size_t i = 0; i < keys.size() && i < shown; ++i) why += (i ? ", " : " ") + keys[i];
+    if (keys.size() > shown) why += ", ... and " + std::to_string(keys.size() - shown) + " more";
   };
-  list("mismatched:", wrong);
+  list("mismatched", wrong);
   if (strict) {
-    list("missing key(s):", missing);
-    list("unexpected key(s):", unexpected);
+    list("missing key(s)", missing);
+    list("unexpected key(s)", unexpected);
   }
   if (!why.empty()) {
-    throw Error("loom::load: '" + std::string(path) + "' does not fit the module: " + why);
+    throw Error("loom::load: '" + std::string(path) + "' does not fit the module:" + why +
+                (strict && (!missing.empty() || !unexpected.empty())
+                     ? "\n  (strict = false loads the keys that match)"
+                     : ""));
   }
   at::NoGradGuard no_grad;
   for (auto& [dst, src] : copies) dst.copy_(src);

@@ -194,9 +194,26 @@ TEST_CASE("rt.load names what does not fit, and returns what it was not asked fo
     CHECK_THROWS_WITH(rt.load(file, {{"model", other}}),
                       Contains("'model' does not fit the module") &&
                           Contains("'0.weight' has shape [8, 6] in the checkpoint and [9, 6]") &&
-                          Contains("unexpected key(s): 1.weight") &&
-                          Contains("missing key(s): 2.weight, 2.bias"));
+                          Contains("\n  unexpected key(s) (7): 1.weight, 1.bias, 1.running_mean, "
+                                   "1.running_var, 1.num_batches_tracked, ... and 2 more") &&
+                          Contains("\n  missing key(s) (2): 2.weight, 2.bias") &&
+                          Contains("strict = false"));
     CHECK(other[0]->as<torch::nn::Linear>()->weight.equal(before));  // nothing copied
+  }
+  SECTION("a module with many other keys: a few per line and a count") {
+    torch::nn::Sequential many;
+    for (int i = 0; i < 40; ++i) many->push_back(torch::nn::Linear(2, 2));
+    std::string message;
+    try {
+      rt.load(file, {{"model", many}});
+    } catch (const loom::Error& e) {
+      message = e.what();
+    }
+    CHECK_THAT(message, Contains("\n  mismatched (6): '0.weight' has shape [8, 6]"));
+    CHECK_THAT(message, Contains("\n  missing key(s) (74): 2.weight, 2.bias, 3.weight, 3.bias, "
+                                 "5.weight, ... and 69 more"));
+    CHECK_THAT(message, !Contains("39.bias"));
+    CHECK(message.size() < 700);
   }
   SECTION("an integer tensor where the module has floats") {
     auto d = loom::state::module_state(*model);

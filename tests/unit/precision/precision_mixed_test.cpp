@@ -1,6 +1,7 @@
 // Mixed precision: the autocast guard (device binding, nesting, the cast cache, no-grad
 // forwards), 16-mixed's loss scaling through the runtime (scale once, skip on inf/nan, clipping,
 // accumulation, state), and choosing policies by Lightning's names.
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -378,6 +379,90 @@ TEST_CASE("with_runtime builds the Runtime a device and a precision name select"
     CHECK_THROWS_AS(with_runtime("cuda", "bf16-mixed", describe), loom::Error);
     CHECK(with_runtime("auto", "32-true", describe) == "cpu/32-true");
   }
+}
+
+/// A one-process strategy built with an option, move-only as loom::Ddp: what with_runtime's
+/// strategy argument moves into the runtime.
+struct OptionedStrategy : dist::Defaults<OptionedStrategy> {
+  static constexpr std::string_view strategy() { return "optioned"; }
+  explicit OptionedStrategy(int option) : option_(std::make_unique<int>(option)) {}
+  int option() const { return *option_; }
+  std::unique_ptr<int> option_;
+};
+
+TEST_CASE("with_runtime compiles only the devices and precisions it is given",
+          "[precision][select]") {
+  auto describe = [](auto& rt) {
+    return std::string(rt.device().name()) + "/" + std::string(rt.precision_name());
+  };
+  using Cpus = loom::devices<Cpu>;
+  using Two = loom::precisions<Fp32, Bf16Mixed>;
+  CHECK(with_runtime<Cpus, Two>("cpu", "bf16-mixed", describe) == "cpu/bf16-mixed");
+  CHECK(with_runtime<Two, Cpus>("CPU", "32", describe) == "cpu/32-true");
+  CHECK(with_runtime<Cpus>("auto", "fp8-mixed", describe) == "cpu/fp8-mixed");  // no CUDA
+  CHECK(with_runtime<Two>("cpu", "32-true", describe) == "cpu/32-true");
+  {
+    WarningCatcher w;  // an alias of an allowed policy still warns
+    CHECK(with_runtime<Cpus, Two>("cpu", "bf16", describe) == "cpu/bf16-mixed");
+    CHECK(w.messages.size() == 1);
+  }
+  bool typed = with_runtime<Cpus, Two, SingleProcess>("cpu", "32-true", [](auto& rt) {
+    return std::is_same_v<std::remove_cvref_t<decltype(rt)>, Runtime<Cpu, Fp32>>;
+  });
+  CHECK(typed);
+  // A name outside the lists throws, naming those allowed; an unknown name lists them too.
+  CHECK_THROWS_WITH((with_runtime<Cpus, Two>("cpu", "16-mixed", describe)),
+                    Catch::Equals("loom: precision \"16-mixed\" is not among the precisions "
+                                  "compiled in (loom::precisions<...>); allowed: \"32-true\", "
+                                  "\"bf16-mixed\" (aliases: 32, \"32\", \"bf16\")"));
+  CHECK_THROWS_WITH((with_runtime<Cpus, loom::precisions<Fp16True>>("cpu", "fp16", describe)),
+                    Catch::Equals("loom: unknown precision \"fp16\"; allowed: \"16-true\""));
+  CHECK_THROWS_WITH((with_runtime<Cpus, Two>("cuda", "32-true", describe)),
+                    Catch::Equals("loom: device \"cuda\" is not among the devices compiled in "
+                                  "(loom::devices<...>); allowed: \"cpu\" or \"auto\""));
+  CHECK_THROWS_WITH(with_runtime<Cpus>("tpu", "32-true", describe),
+                    Catch::Equals("loom::device::parse_device: unknown device \"tpu\"; "
+                                  "expected \"cpu\" or \"auto\""));
+  CHECK_THROWS_WITH((with_runtime<loom::devices<Cuda>, Two>("cpu", "32-true", describe)),
+                    Catch::Contains("allowed: \"cuda\", \"gpu\" or \"auto\""));
+  auto name = [](auto policy) { return name_of(policy); };
+  CHECK_THROWS_WITH(with_precision<Two>(16, name),
+                    Catch::Contains("precision \"16\" is not among") &&
+                        Catch::Contains("allowed: \"32-true\", \"bf16-mixed\""));
+  CHECK_THROWS_WITH(with_precision<Two>(8, name),
+                    Catch::Equals("loom: unknown precision 8; allowed: \"32-true\", "
+                                  "\"bf16-mixed\" (aliases: 32, \"32\", \"bf16\")"));
+  // Without lists, the messages list every name, as before.
+  CHECK_THROWS_WITH(with_runtime("cpu", "fp16", describe),
+                    Catch::Equals("loom: unknown precision \"fp16\"; allowed: " +
+                                  std::string(precision::allowed_names)));
+  CHECK_THROWS_WITH(with_runtime("tpu", "32-true", describe),
+                    Catch::Equals("loom::device::parse_device: unknown device \"tpu\"; "
+                                  "expected \"cpu\", \"cuda\", \"gpu\" or \"auto\""));
+  CHECK_THROWS_WITH((with_runtime<Cpus, Two>("cpu", "transformer-engine", describe)),
+                    Catch::Contains("not supported by loom"));
+}
+
+TEST_CASE("with_runtime moves a strategy instance, built with its options, into the runtime",
+          "[precision][select]") {
+  auto option = [](auto& rt) { return rt.strategy().option(); };
+  CHECK(with_runtime("cpu", "bf16-mixed", option, {}, OptionedStrategy(7)) == 7);
+  CHECK(with_runtime<loom::devices<Cpu>, loom::precisions<Fp16Mixed>>(
+            "cpu", "16-mixed",
+            [](auto& rt) { return rt.strategy().option() * 1000 + int(rt.loss_scale()); },
+            {.precision = {.grad_scaler = {.init_scale = 8.0}}}, OptionedStrategy(3)) == 3008);
+  OptionedStrategy named(5);
+  CHECK(with_runtime<OptionedStrategy>("cpu", "32-true", option, {}, std::move(named)) == 5);
+  CHECK(with_runtime<loom::devices<Cpu>, loom::precisions<Fp32>>("cpu", "32-true", [](auto& rt) {
+          return std::string(rt.strategy().strategy());
+        }) == "single_device");
+  // loom::Ddp the same way, its options reaching the runtime's strategy; a type-level check:
+  // constructing a Ddp needs the loom::dist library, which these tests do not link.
+  using DdpRuntime = Runtime<Cpu, Fp32, loom::Ddp>;
+  auto ddp_options = [](DdpRuntime& rt) { return rt.strategy().options().find_unused_parameters; };
+  STATIC_REQUIRE(std::is_same_v<decltype(with_runtime<loom::devices<Cpu>, loom::precisions<Fp32>>(
+                                    "cpu", "32-true", ddp_options, {}, std::declval<loom::Ddp>())),
+                                bool>);
 }
 
 TEST_CASE("a bf16-mixed loom loop is bitwise equal to the hand-written autocast loop",

@@ -1,0 +1,85 @@
+#pragma once
+// rt.save and rt.load: a loom::State to a torch.save file and back, through the strategy.
+// Opt-in: runtime.hpp declares rt.save / rt.load and leaves the file format out, so a
+// translation unit that trains without checkpoints never parses it; this header (or
+// <loom/loom.hpp>) brings it in.
+//
+//   save  value = {name: entry.save() for each entry}          state/entry.hpp
+//         rt.strategy().save_checkpoint(path, value, TorchFile)  who writes: dist/
+//   load  value = rt.strategy().load_checkpoint(path, TorchFile, rt.device().device())
+//         entry.load(value[name], strict) for each entry; the rest is returned
+#include <filesystem>
+#include <string>
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+
+#include <loom/checkpoint/io.hpp>
+#include <loom/detail/checkpoint_files.hpp>
+#include <loom/error.hpp>
+#include <loom/state/entry.hpp>
+#include <loom/state/values.hpp>
+#include <loom/state_dict.hpp>
+
+namespace loom::state {
+
+/// The value of a file rt.save writes: {name: value} for every entry, in order.
+inline Dict save_entries(const State& state) {
+  Dict d = new_dict();
+  for (const auto& e : state) {
+    if (has(d, e.name())) throw Error("loom::save: the state names '" + e.name() + "' twice");
+    d.insert(e.name(), e.save());
+  }
+  return d;
+}
+
+/// Loads every entry of `state` from `value` (read from `where`) and returns the file's other
+/// entries. With `strict` a name missing from the file is a loom::Error, else a warning.
+inline StateDict load_entries(const State& state, const c10::IValue& value,
+                              const std::string& where, bool strict) {
+  const Dict d = as_dict(value, where);
+  for (const auto& e : state) {
+    auto it = d.find(c10::IValue(e.name()));
+    if (it == d.end()) {
+      if (strict) {
+        throw Error("loom::load: '" + e.name() + "' is not in the checkpoint " + where +
+                    " (strict=true)");
+      }
+      TORCH_WARN("loom::load: '", e.name(), "' is not in the checkpoint ", where,
+                 "; left as it is (strict=false)");
+      continue;
+    }
+    e.load(it->value(), strict);
+  }
+  StateDict rest;
+  for (const auto& item : d) {
+    if (!item.key().isString()) continue;
+    bool named = false;
+    for (const auto& e : state) named = named || e.name() == item.key().toStringRef();
+    if (!named) rest.emplace(item.key().toStringRef(), item.value());
+  }
+  return rest;
+}
+
+}  // namespace loom::state
+
+namespace loom::detail {
+
+/// What Runtime::save and Runtime::load call (detail/checkpoint_files.hpp).
+template <>
+struct checkpoint_files<State> {
+  template <class R>
+  static void save(R& rt, const std::filesystem::path& path, const State& state,
+                   checkpoint::SaveOptions options) {
+    const c10::IValue value(state::save_entries(state));
+    rt.strategy().save_checkpoint(path, value, checkpoint::TorchFile(options));
+  }
+  template <class R>
+  static StateDict load(R& rt, const std::filesystem::path& path, const State& state, bool strict) {
+    const checkpoint::TorchFile file;
+    const c10::IValue value = rt.strategy().load_checkpoint(path, file, rt.device().device());
+    return state::load_entries(state, value, path.string(), strict);
+  }
+};
+
+}  // namespace loom::detail
