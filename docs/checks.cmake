@@ -360,13 +360,21 @@ elseif(CHECK STREQUAL "layering")
       if(h MATCHES "^loom/checkpoint/" AND NOT inc MATCHES "^loom/(checkpoint/|error\\.hpp)")
         fail("${h} includes ${inc}: checkpoint/ (the file layer) includes only checkpoint/ and error.hpp")
       endif()
-      if(h MATCHES "^loom/state/" AND
+      if(h MATCHES "^loom/state/(state_dict|reader)\\.hpp$" AND
+         NOT inc MATCHES "^loom/(state/(state_dict|reader)\\.hpp|error\\.hpp)$")
+        fail("${h} includes ${inc}: the bottom of state/ (state_dict.hpp, reader.hpp) includes only itself and error.hpp")
+      elseif(h MATCHES "^loom/state/" AND
          NOT inc MATCHES "^loom/(state/|optim/|checkpoint/|detail/(module|checkpoint_files)\\.hpp|error\\.hpp|state_dict\\.hpp)")
         fail("${h} includes ${inc}: state/ includes only state/, optim/, checkpoint/, detail/module.hpp, detail/checkpoint_files.hpp, error.hpp and state_dict.hpp")
       endif()
+      if(NOT h MATCHES "^loom/(state/|loom\\.hpp$)" AND inc MATCHES "^loom/state/" AND
+         NOT inc MATCHES "^loom/state/(state_dict|reader)\\.hpp$")
+        fail("${h} includes ${inc}: outside state/, only state/state_dict.hpp and state/reader.hpp are included")
+      endif()
       if(h STREQUAL "loom/runtime.hpp" AND
-         inc MATCHES "^loom/(state/|checkpoint/)" AND NOT inc STREQUAL "loom/checkpoint/checkpoint_io.hpp")
-        fail("${h} includes ${inc}: runtime.hpp holds no file format (of state/ and checkpoint/ only checkpoint/checkpoint_io.hpp)")
+         inc MATCHES "^loom/(state/|checkpoint/)" AND
+         NOT inc MATCHES "^loom/(checkpoint/checkpoint_io|state/state_dict|state/reader)\\.hpp$")
+        fail("${h} includes ${inc}: runtime.hpp holds no file format (of state/ and checkpoint/ only state/state_dict.hpp, state/reader.hpp and checkpoint/checkpoint_io.hpp)")
       endif()
       if(h MATCHES "^loom/detail/.*_rows\\.hpp$" AND
          inc MATCHES "^loom/(device|precision|amp|data|batch/walk)")

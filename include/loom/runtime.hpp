@@ -45,7 +45,7 @@
 #include <loom/detail/module.hpp>
 #include <loom/detail/state_merge.hpp>
 #include <loom/dist/single_process.hpp>
-#include <loom/state_dict.hpp>
+#include <loom/state/state_dict.hpp>
 #include <loom/step_result.hpp>
 
 namespace loom {

@@ -21,7 +21,7 @@
 #include <loom/concepts/precision_policy.hpp>
 #include <loom/concepts/strategy.hpp>
 #include <loom/guards.hpp>
-#include <loom/state_dict.hpp>
+#include <loom/state/state_dict.hpp>
 
 namespace loom::testing {
 

@@ -33,7 +33,8 @@
 #include <loom/error.hpp>
 #include <loom/optim/optimizer_table.hpp>
 #include <loom/optim/optimizer_traits.hpp>
-#include <loom/state_dict.hpp>
+#include <loom/state/reader.hpp>
+#include <loom/state/state_dict.hpp>
 #include <loom/step_result.hpp>
 
 namespace loom::amp {
@@ -281,20 +282,14 @@ class GradScaler {
           "loom::amp::GradScaler::load_state_dict: The source state dict is empty, "
           "possibly because it was saved from a disabled instance of GradScaler.");
     }
-    for (const auto& entry : state) {
-      if (entry.first != "scale" && entry.first != "growth_factor" &&
-          entry.first != "backoff_factor" && entry.first != "growth_interval" &&
-          entry.first != "_growth_tracker") {
-        throw Error("loom::amp::GradScaler::load_state_dict: unexpected key \"" + entry.first +
-                    "\"");
-      }
-    }
+    state::Reader r("loom::amp::GradScaler::load_state_dict", state);
     GradScalerOptions loaded = options_;
-    loaded.init_scale = number(state, "scale");
-    loaded.growth_factor = number(state, "growth_factor");
-    loaded.backoff_factor = number(state, "backoff_factor");
-    loaded.growth_interval = integer(state, "growth_interval");
-    const int64_t tracker = integer(state, "_growth_tracker");
+    loaded.init_scale = r.number("scale");
+    loaded.growth_factor = r.number("growth_factor");
+    loaded.backoff_factor = r.number("backoff_factor");
+    loaded.growth_interval = r.integer("growth_interval");
+    const int64_t tracker = r.integer("_growth_tracker");
+    r.finish();
     validate(loaded, "load_state_dict");
     options_ = loaded;
     init_growth_tracker_ = tracker;
@@ -321,29 +316,6 @@ class GradScaler {
       throw Error(prefix + "growth_interval must be >= 1, got " +
                   std::to_string(o.growth_interval));
     }
-  }
-
-  static double number(const StateDict& state, const std::string& key) {
-    const auto& v = at(state, key);
-    if (v.isDouble()) return v.toDouble();
-    if (v.isInt()) return static_cast<double>(v.toInt());
-    throw Error("loom::amp::GradScaler::load_state_dict: \"" + key + "\" must be a number, got " +
-                v.tagKind());
-  }
-
-  static int64_t integer(const StateDict& state, const std::string& key) {
-    const auto& v = at(state, key);
-    if (v.isInt()) return v.toInt();
-    throw Error("loom::amp::GradScaler::load_state_dict: \"" + key + "\" must be an integer, got " +
-                v.tagKind());
-  }
-
-  static const c10::IValue& at(const StateDict& state, const std::string& key) {
-    auto it = state.find(key);
-    if (it == state.end()) {
-      throw Error("loom::amp::GradScaler::load_state_dict: the state has no \"" + key + "\" entry");
-    }
-    return it->second;
   }
 
   static at::Tensor clone(const at::Tensor& t) { return t.defined() ? t.clone() : t; }

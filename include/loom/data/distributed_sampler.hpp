@@ -13,7 +13,8 @@
 #include <torch/types.h>
 
 #include <loom/error.hpp>
-#include <loom/state_dict.hpp>
+#include <loom/state/reader.hpp>
+#include <loom/state/state_dict.hpp>
 
 namespace loom::data {
 
@@ -135,21 +136,16 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   /// Restores state_dict(): redraws that epoch's indices, then resumes at the position.
   /// Throws loom::Error on a missing or unknown key, or a negative value.
   void load_state_dict(const StateDict& state) {
-    auto get = [&](const char* key) -> std::int64_t {
-      auto it = state.find(key);
-      if (it == state.end() || !it->second.isInt() || it->second.toInt() < 0) {
-        throw Error(std::string("loom::DistributedSampler::load_state_dict: '") + key +
-                    "' must be a non-negative integer");
-      }
-      return it->second.toInt();
+    state::Reader r("loom::data::DistributedSampler::load_state_dict", state);
+    auto count = [&](const char* key) {
+      const std::int64_t n = r.integer(key);
+      if (n < 0) r.fail(key, "expected a non-negative int, got " + std::to_string(n));
+      return n;
     };
-    for (const auto& entry : state) {
-      if (entry.first != "epoch" && entry.first != "position") {
-        throw Error("loom::DistributedSampler::load_state_dict: unexpected key '" + entry.first +
-                    "'");
-      }
-    }
-    restore(get("epoch"), get("position"));
+    const std::int64_t epoch = count("epoch");
+    const std::int64_t position = count("position");
+    r.finish();
+    restore(epoch, position);
   }
 
   /// Saves the epoch and the position within it.
@@ -172,7 +168,7 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   // keeps it.
   void restore(std::int64_t epoch, std::int64_t position) {
     if (epoch < 0 || position < 0) {
-      throw Error("loom::DistributedSampler: a saved epoch or position is negative");
+      throw Error("loom::data::DistributedSampler::load: a saved epoch or position is negative");
     }
     epoch_ = static_cast<std::uint64_t>(epoch);
     resumed_epoch_.reset();

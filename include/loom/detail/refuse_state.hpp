@@ -1,19 +1,22 @@
 #pragma once
 #include <string>
 #include <string_view>
+#include <vector>
 
-#include <loom/error.hpp>
-#include <loom/state_dict.hpp>
+#include <loom/state/reader.hpp>
+#include <loom/state/state_dict.hpp>
 
 namespace loom::detail {
 
 /// Throws loom::Error unless `state` is empty: the policy `name` of `family` ("device",
-/// "precision", "strategy") keeps no state. Every Defaults base's load_state_dict.
+/// "precision", "strategy") keeps no state. Every Defaults base's load_state_dict:
+/// `loom: the cpu device has no state: unexpected key(s) "rng"`.
 inline void refuse_state(std::string_view name, std::string_view family, const StateDict& state) {
-  if (!state.empty()) {
-    throw Error("loom: the " + std::string(name) + " " + std::string(family) +
-                " has no state, but the state dict holds the key '" + state.begin()->first + "'");
-  }
+  if (state.empty()) return;
+  std::vector<std::string> keys;
+  for (const auto& entry : state) keys.push_back(entry.first);
+  state::fail_unexpected(
+      "loom: the " + std::string(name) + " " + std::string(family) + " has no state", keys);
 }
 
 }  // namespace loom::detail

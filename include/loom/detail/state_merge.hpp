@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include <loom/error.hpp>
-#include <loom/state_dict.hpp>
+#include <loom/state/reader.hpp>
+#include <loom/state/state_dict.hpp>
 
 namespace loom::detail {
 
@@ -28,18 +28,17 @@ inline StateDict merge_states(std::string_view precision_name,
 /// when "precision" is missing or names another precision, or a key has no known prefix.
 inline std::vector<StateDict> split_states(const StateDict& state, std::string_view precision_name,
                                            std::initializer_list<std::string_view> prefixes) {
+  static constexpr std::string_view owner = "loom::Runtime::load_state_dict";
   auto name = state.find("precision");
-  if (name == state.end() || !name->second.isString()) {
-    throw Error(
-        "loom::Runtime::load_state_dict: the state has no \"precision\" entry; it was "
-        "not saved by loom::Runtime::state_dict()");
-  }
-  if (name->second.toStringRef() != precision_name) {
-    throw Error("loom::Runtime::load_state_dict: the state was saved with precision \"" +
-                name->second.toStringRef() + "\", but this runtime uses \"" +
-                std::string(precision_name) + "\"");
+  if (name == state.end()) state::fail_missing(owner, "precision");
+  const std::string saved = state::string_of(name->second, owner, "precision");
+  if (saved != precision_name) {
+    state::fail_key(owner, "precision",
+                    "the state was saved with precision \"" + saved +
+                        "\", but this runtime uses \"" + std::string(precision_name) + "\"");
   }
   std::vector<StateDict> out(prefixes.size());
+  std::vector<std::string> unexpected;
   for (auto& [key, value] : state) {
     if (key == "precision") continue;
     bool owned = false;
@@ -51,8 +50,9 @@ inline std::vector<StateDict> split_states(const StateDict& state, std::string_v
       }
       ++i;
     }
-    if (!owned) throw Error("loom::Runtime::load_state_dict: unexpected key \"" + key + "\"");
+    if (!owned) unexpected.push_back(key);
   }
+  if (!unexpected.empty()) state::fail_unexpected(owner, unexpected);
   return out;
 }
 

@@ -1,12 +1,13 @@
 #pragma once
+#include <string>
 #include <string_view>
 
 #include <c10/core/DeviceType.h>
 
-#include <loom/detail/refuse_state.hpp>
 #include <loom/device/defaults.hpp>
 #include <loom/device/rng.hpp>
-#include <loom/state_dict.hpp>
+#include <loom/state/reader.hpp>
+#include <loom/state/state_dict.hpp>
 
 namespace loom::device {
 
@@ -24,18 +25,12 @@ struct Cpu : Defaults<Cpu> {
   /// warning. "torch.cuda" (a CUDA device's generator, in a state saved by loom::Cuda) is
   /// accepted and ignored: a CUDA run resumes on the CPU.
   void load_state_dict(const StateDict& state) {
-    StateDict rest;
-    for (const auto& [key, value] : state) {
-      if (key == "torch") {
-        if (!value.isTensor())
-          throw Error("loom::device::Cpu::load_state_dict: 'torch' is not a tensor");
-        set_rng_state(value.toTensor(), c10::Device(c10::kCPU),
-                      "loom::device::Cpu::load_state_dict");
-      } else if (key != "torch.cuda") {
-        rest.emplace(key, value);
-      }
-    }
-    loom::detail::refuse_state(name(), "device", rest);
+    static constexpr const char* owner = "loom::device::Cpu::load_state_dict";
+    state::Reader r(std::string(owner), state);
+    const auto torch = r.optional_tensor("torch");
+    r.ignore("torch.cuda");
+    r.finish();
+    if (torch) set_rng_state(*torch, c10::Device(c10::kCPU), owner);
   }
 };
 

@@ -22,7 +22,8 @@
 #include <loom/device/prefetch.hpp>
 #include <loom/device/rng.hpp>
 #include <loom/error.hpp>
-#include <loom/state_dict.hpp>
+#include <loom/state/reader.hpp>
+#include <loom/state/state_dict.hpp>
 
 namespace loom::device {
 
@@ -131,22 +132,13 @@ class Cuda : public Defaults<Cuda> {
   /// "torch.cuda"); a state of another size (another torch version's format) is skipped with
   /// a warning, so that a checkpoint still loads.
   void load_state_dict(const StateDict& state) {
-    for (const auto& [key, value] : state) {
-      if (key != "torch" && key != "torch.cuda") {
-        throw Error("loom::device::Cuda::load_state_dict: unexpected key '" + key +
-                    "'; the cuda device's state holds 'torch' and 'torch.cuda'");
-      }
-      if (!value.isTensor()) {
-        throw Error("loom::device::Cuda::load_state_dict: '" + key + "' is not a tensor");
-      }
-    }
-    const char* who = "loom::device::Cuda::load_state_dict";
-    if (auto it = state.find("torch"); it != state.end()) {
-      set_rng_state(it->second.toTensor(), c10::Device(c10::kCPU), who);
-    }
-    if (auto it = state.find("torch.cuda"); it != state.end()) {
-      set_rng_state(it->second.toTensor(), device(), who);
-    }
+    static constexpr const char* owner = "loom::device::Cuda::load_state_dict";
+    state::Reader r(std::string(owner), state);
+    const auto cpu = r.optional_tensor("torch");
+    const auto cuda = r.optional_tensor("torch.cuda");
+    r.finish();
+    if (cpu) set_rng_state(*cpu, c10::Device(c10::kCPU), owner);
+    if (cuda) set_rng_state(*cuda, device(), owner);
   }
 
   /// Waits for all work queued on this device.

@@ -19,7 +19,7 @@
 
 #include <loom/checkpoint/checkpoint_io.hpp>
 #include <loom/concepts/strategy.hpp>
-#include <loom/state_dict.hpp>
+#include <loom/state/state_dict.hpp>
 
 namespace torch::nn {
 class Module;

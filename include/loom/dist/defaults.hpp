@@ -13,7 +13,7 @@
 #include <loom/detail/refuse_state.hpp>
 #include <loom/error.hpp>
 #include <loom/guards.hpp>
-#include <loom/state_dict.hpp>
+#include <loom/state/state_dict.hpp>
 
 namespace torch::nn {
 class Module;

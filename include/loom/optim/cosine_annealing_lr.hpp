@@ -12,6 +12,7 @@
 
 #include <loom/error.hpp>
 #include <loom/optim/lr_scheduler_base.hpp>
+#include <loom/state/reader.hpp>
 
 namespace loom::optim {
 
@@ -68,7 +69,7 @@ class CosineAnnealingLR : public detail::PythonScheduler<CosineAnnealingLR> {
     s.insert("T_max", t_max_);
     s.insert("eta_min", eta_min_);
   }
-  void load_own(const detail::StateReader& r) {
+  void load_own(state::Reader& r) {
     t_max_ = r.integer("T_max");
     eta_min_ = r.number("eta_min");
   }

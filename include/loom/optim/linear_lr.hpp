@@ -10,6 +10,7 @@
 
 #include <loom/error.hpp>
 #include <loom/optim/lr_scheduler_base.hpp>
+#include <loom/state/reader.hpp>
 
 namespace loom::optim {
 
@@ -65,7 +66,7 @@ class LinearLR : public detail::PythonScheduler<LinearLR> {
     s.insert("end_factor", end_);
     s.insert("total_iters", total_);
   }
-  void load_own(const detail::StateReader& r) {
+  void load_own(state::Reader& r) {
     start_ = r.number("start_factor");
     end_ = r.number("end_factor");
     total_ = r.integer("total_iters");

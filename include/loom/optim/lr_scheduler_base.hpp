@@ -1,9 +1,9 @@
 #pragma once
 // The base of loom::optim's learning-rate schedulers: LRScheduler (CRTP: the skipped-step
 // logic, state_dict), detail::PythonScheduler (the state and step of Python's LRScheduler),
-// SchedulerState and the state reader. Each scheduler has its own header (step_lr.hpp,
-// multi_step_lr.hpp, linear_lr.hpp, cosine_annealing_lr.hpp, warmup_cosine_lr.hpp,
-// one_cycle_lr.hpp); lr_scheduler.hpp includes them all.
+// SchedulerState (state::Dict). Their load_state_dict reads with state::Reader. Each scheduler has
+// its own header (step_lr.hpp, multi_step_lr.hpp, linear_lr.hpp, cosine_annealing_lr.hpp,
+// warmup_cosine_lr.hpp, one_cycle_lr.hpp); lr_scheduler.hpp includes them all.
 //
 // Each gives the learning rates of Python's torch.optim.lr_scheduler class of the same name
 // step for step (the same double arithmetic, in the same order), has a state_dict in Python's
@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -27,6 +28,8 @@
 
 #include <loom/error.hpp>
 #include <loom/optim/optimizer_table.hpp>
+#include <loom/state/reader.hpp>
+#include <loom/state/state_dict.hpp>
 #include <loom/step_result.hpp>
 
 namespace loom::optim {
@@ -34,7 +37,7 @@ namespace loom::optim {
 /// A scheduler's state as Python's `scheduler.state_dict()`: the same keys, with the same
 /// kinds of values (int, float, bool, str, lists, nested dicts). Save it with
 /// `torch::pickle_save`; `load_state_dict` also takes the dict of a Python checkpoint.
-using SchedulerState = c10::impl::GenericDict;
+using SchedulerState = state::Dict;
 
 namespace detail {
 
@@ -91,65 +94,15 @@ struct GroupHypers {
   }
 };
 
-// Reading a state dict: a Python one (every list generic, ints where Python had ints) or
-// loom's own; a missing key or a value of the wrong kind is a loom::Error naming both.
-class StateReader {
- public:
-  StateReader(const c10::IValue& state, std::string who) : who_(std::move(who)) {
-    if (!state.isGenericDict()) throw Error(who_ + ": a scheduler state must be a dict");
-    dict_ = state.toGenericDict();
+/// The lrs (or other per-group numbers) at `key`, one per param group of `n`.
+inline std::vector<double> group_numbers(state::Reader& r, std::string_view key, std::size_t n) {
+  auto out = r.numbers(key);
+  if (out.size() != n) {
+    r.fail(key, "holds " + std::to_string(out.size()) + " values for " + std::to_string(n) +
+                    " param groups");
   }
-  const c10::IValue& at(const std::string& key) const {
-    auto it = dict_.find(c10::IValue(key));
-    if (it == dict_.end()) throw Error(who_ + ": the state dict has no '" + key + "'");
-    return it->value();
-  }
-  bool has(const std::string& key) const { return dict_.contains(c10::IValue(key)); }
-  double number(const std::string& key) const { return as_number(at(key), key); }
-  int64_t integer(const std::string& key) const {
-    const auto& v = at(key);
-    if (!v.isInt()) throw bad(key, "an int");
-    return v.toInt();
-  }
-  bool boolean(const std::string& key) const {
-    const auto& v = at(key);
-    if (!v.isBool()) throw bad(key, "a bool");
-    return v.toBool();
-  }
-  std::string string(const std::string& key) const {
-    const auto& v = at(key);
-    if (!v.isString()) throw bad(key, "a str");
-    return v.toStringRef();
-  }
-  std::vector<double> numbers(const std::string& key, std::size_t n) const {
-    std::vector<double> out;
-    for (const auto& v : list(key)) out.push_back(as_number(v, key));
-    if (out.size() != n) {
-      throw Error(who_ + ": '" + key + "' has " + std::to_string(out.size()) + " values for " +
-                  std::to_string(n) + " param groups");
-    }
-    return out;
-  }
-  std::vector<c10::IValue> list(const std::string& key) const {
-    const auto& v = at(key);
-    if (!v.isList()) throw bad(key, "a list");
-    auto l = v.toListRef();
-    return std::vector<c10::IValue>(l.begin(), l.end());
-  }
-  const std::string& who() const noexcept { return who_; }
-
- private:
-  double as_number(const c10::IValue& v, const std::string& key) const {
-    if (v.isDouble()) return v.toDouble();
-    if (v.isInt()) return static_cast<double>(v.toInt());
-    throw bad(key, "a number");
-  }
-  Error bad(const std::string& key, const char* what) const {
-    return Error(who_ + ": the state dict's '" + key + "' is not " + what);
-  }
-  std::string who_;
-  c10::impl::GenericDict dict_{c10::StringType::get(), c10::AnyType::get()};
-};
+  return out;
+}
 
 inline c10::List<double> double_list(const std::vector<double>& v) {
   c10::List<double> out;
@@ -312,11 +265,20 @@ class PythonScheduler : public LRScheduler<Derived> {
     s.insert("_last_lr", double_list(last_lr_));
     return s;
   }
+  /// The owner of this scheduler's load errors ("loom::optim::StepLR::load_state_dict").
+  static std::string load_owner() {
+    return std::string("loom::optim::") + Derived::python_name + "::load_state_dict";
+  }
   void load_state(const c10::IValue& state) {
-    StateReader r(state, std::string("loom::optim::") + Derived::python_name);
+    state::Reader r(load_owner(), state);
+    load_from(r);
+  }
+  /// Reads this scheduler's keys of `r` (no finish(): a Python state holds the scheduler's
+  /// whole __dict__, attributes loom keeps elsewhere or not at all, and they vary by version).
+  void load_from(state::Reader& r) {
     const auto n = opt_->param_groups().size();
-    auto base = r.numbers("base_lrs", n);
-    auto last = r.numbers("_last_lr", n);
+    auto base = group_numbers(r, "base_lrs", n);
+    auto last = group_numbers(r, "_last_lr", n);
     const auto epoch = r.integer("last_epoch");
     const auto count = r.integer("_step_count");
     self().load_own(r);

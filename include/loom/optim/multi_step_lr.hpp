@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -11,6 +12,7 @@
 
 #include <loom/error.hpp>
 #include <loom/optim/lr_scheduler_base.hpp>
+#include <loom/state/reader.hpp>
 
 namespace loom::optim {
 
@@ -59,15 +61,14 @@ class MultiStepLR : public detail::PythonScheduler<MultiStepLR> {
     s.insert("milestones", m);
     s.insert("gamma", gamma_);
   }
-  void load_own(const detail::StateReader& r) {
-    const auto& v = r.at("milestones");
-    if (!v.isGenericDict()) throw Error(r.who() + ": the state dict's 'milestones' is not a dict");
+  void load_own(state::Reader& r) {
+    const std::string path = r.path("milestones");
     std::vector<std::pair<int64_t, int64_t>> counts;
-    for (const auto& e : v.toGenericDict()) {
-      if (!e.key().isInt() || !e.value().isInt()) {
-        throw Error(r.who() + ": 'milestones' must map ints to counts");
-      }
-      counts.emplace_back(e.key().toInt(), e.value().toInt());
+    for (const auto& e : r.dict("milestones")) {
+      const int64_t milestone = state::integer_of(e.key(), r.owner(), path);
+      counts.emplace_back(
+          milestone,
+          state::integer_of(e.value(), r.owner(), state::join(path, std::to_string(milestone))));
     }
     counts_ = std::move(counts);
     gamma_ = r.number("gamma");

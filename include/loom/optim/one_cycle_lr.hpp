@@ -14,6 +14,7 @@
 #include <loom/optim/lr_scheduler_base.hpp>
 #include <loom/optim/optimizer_table.hpp>
 #include <loom/optim/optimizer_traits.hpp>
+#include <loom/state/reader.hpp>
 
 namespace loom::optim {
 
@@ -140,27 +141,30 @@ class OneCycleLR : public detail::PythonScheduler<OneCycleLR> {
     s.insert("cycle_momentum", cycle_momentum_);
     if (cycle_momentum_) s.insert("use_beta1", use_beta1_);
   }
-  void load_own(const detail::StateReader& r) {
+  void load_own(state::Reader& r) {
     std::vector<Phase> phases;
-    for (const auto& v : r.list("_schedule_phases")) {
-      detail::StateReader p(v, r.who());
-      Phase ph{p.number("end_step"), p.at("end_step").isInt(),   p.string("start_lr"),
-               p.string("end_lr"),   p.string("start_momentum"), p.string("end_momentum")};
-      for (const auto* name : {&ph.start_lr, &ph.end_lr, &ph.start_momentum, &ph.end_momentum}) {
-        if (!known(*name)) throw Error(r.who() + ": unknown schedule value '" + *name + "'");
+    for (auto& p : r.children("_schedule_phases")) {
+      Phase ph{p.number("end_step"), p.value("end_step").isInt(), p.string("start_lr"),
+               p.string("end_lr"),   p.string("start_momentum"),  p.string("end_momentum")};
+      for (const auto& [key, name] :
+           {std::pair<const char*, const std::string*>{"start_lr", &ph.start_lr},
+            {"end_lr", &ph.end_lr},
+            {"start_momentum", &ph.start_momentum},
+            {"end_momentum", &ph.end_momentum}}) {
+        if (!known(*name)) p.fail(key, "unknown schedule value \"" + *name + "\"");
       }
       phases.push_back(std::move(ph));
     }
-    if (phases.empty()) throw Error(r.who() + ": '_schedule_phases' is empty");
+    if (phases.empty()) r.fail("_schedule_phases", "expected at least one phase, got none");
     const auto anneal = r.string("_anneal_func_type");
     if (anneal != "cos" && anneal != "linear") {
-      throw Error(r.who() + ": unknown _anneal_func_type '" + anneal + "'");
+      r.fail("_anneal_func_type", "expected \"cos\" or \"linear\", got \"" + anneal + "\"");
     }
     const bool cycle = r.boolean("cycle_momentum");
     if (cycle && !cycle_momentum_) {
-      throw Error(r.who() +
-                  ": the state cycles momentum; this scheduler was made without "
-                  "cycle_momentum, so it has no momentum values");
+      r.fail("cycle_momentum",
+             "the state cycles momentum; this scheduler was made without cycle_momentum, so it "
+             "has no momentum values");
     }
     total_ = r.integer("total_steps");
     phases_ = std::move(phases);

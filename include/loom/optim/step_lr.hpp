@@ -8,6 +8,7 @@
 
 #include <loom/error.hpp>
 #include <loom/optim/lr_scheduler_base.hpp>
+#include <loom/state/reader.hpp>
 
 namespace loom::optim {
 
@@ -40,7 +41,7 @@ class StepLR : public detail::PythonScheduler<StepLR> {
     s.insert("step_size", step_size_);
     s.insert("gamma", gamma_);
   }
-  void load_own(const detail::StateReader& r) {
+  void load_own(state::Reader& r) {
     step_size_ = r.integer("step_size");
     gamma_ = r.number("gamma");
   }

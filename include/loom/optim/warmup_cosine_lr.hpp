@@ -12,6 +12,7 @@
 #include <loom/optim/cosine_annealing_lr.hpp>
 #include <loom/optim/linear_lr.hpp>
 #include <loom/optim/lr_scheduler_base.hpp>
+#include <loom/state/reader.hpp>
 
 namespace loom::optim {
 
@@ -80,24 +81,20 @@ class WarmupCosineLR : public LRScheduler<WarmupCosineLR> {
     return s;
   }
   void load_state(const c10::IValue& state) {
-    detail::StateReader r(state, "loom::optim::WarmupCosineLR");
+    state::Reader r("loom::optim::WarmupCosineLR::load_state_dict", state);
     auto milestones = r.list("_milestones");
     if (milestones.size() != 1 || !milestones[0].isInt()) {
-      throw Error(
-          "loom::optim::WarmupCosineLR: '_milestones' must hold one int (the warm-up "
-          "length)");
+      r.fail("_milestones", "expected one int (the warm-up length)");
     }
-    auto children = r.list("_schedulers");
+    auto children = r.children("_schedulers");
     if (children.size() != 2) {
-      throw Error(
-          "loom::optim::WarmupCosineLR: '_schedulers' must hold two states (LinearLR, "
-          "CosineAnnealingLR), got " +
-          std::to_string(children.size()));
+      r.fail("_schedulers", "expected two states (LinearLR, CosineAnnealingLR), got " +
+                                std::to_string(children.size()));
     }
-    auto last = r.numbers("_last_lr", opt_->param_groups().size());
+    auto last = detail::group_numbers(r, "_last_lr", opt_->param_groups().size());
     const auto epoch = r.integer("last_epoch");
-    warmup_.load_state(children[0]);
-    cosine_.load_state(children[1]);
+    warmup_.load_from(children[0]);
+    cosine_.load_from(children[1]);
     milestone_ = milestones[0].toInt();
     last_lr_ = std::move(last);
     last_epoch_ = epoch;

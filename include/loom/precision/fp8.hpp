@@ -1,7 +1,6 @@
 #pragma once
 #include <cstdint>
 #include <memory>
-#include <set>
 #include <string>
 #include <string_view>
 #include <typeinfo>
@@ -26,7 +25,8 @@
 #include <loom/fp8/module.hpp>
 #include <loom/precision/cast.hpp>
 #include <loom/precision/mixed.hpp>
-#include <loom/state_dict.hpp>
+#include <loom/state/reader.hpp>
+#include <loom/state/state_dict.hpp>
 
 namespace loom::precision {
 
@@ -157,25 +157,20 @@ struct Fp8Mixed : Mixed<Fp8Mixed, c10::kBFloat16> {
       Mixed::load_state_dict(state);  // no state: refuses any key
       return;
     }
+    static constexpr std::string_view owner = "loom::precision::Fp8Mixed::load_state_dict";
     if (!block_) {
       if (state.empty()) return;
-      throw Error(
-          "loom: fp8-mixed state loads after setup(): the layers it belongs to are "
-          "converted there");
+      state::fail_key(owner, "",
+                      "fp8-mixed state loads after setup(): the layers it belongs to are "
+                      "converted there");
     }
-    std::set<std::string> expected;
+    state::Reader r(std::string(owner), state);
     for (std::size_t i = 0; i < names_.size(); ++i) {
       const auto l = static_cast<int64_t>(i);
-      load_one(state, key(names_[i], "amax_history"), block_->amax_history.select(1, l));
-      load_one(state, key(names_[i], "scale"), block_->scale.select(0, l));
-      expected.insert({key(names_[i], "amax_history"), key(names_[i], "scale")});
+      load_one(r, key(names_[i], "amax_history"), block_->amax_history.select(1, l));
+      load_one(r, key(names_[i], "scale"), block_->scale.select(0, l));
     }
-    for (const auto& [k, v] : state) {
-      if (!expected.count(k)) {
-        throw Error("loom: fp8-mixed state: unexpected key '" + k +
-                    "' (no converted layer of this model has it)");
-      }
-    }
+    r.finish();
   }
 
   /// The recipe the layers are converted with.
@@ -222,18 +217,14 @@ struct Fp8Mixed : Mixed<Fp8Mixed, c10::kBFloat16> {
     seq = std::move(rebuilt);
   }
 
-  static void load_one(const StateDict& state, const std::string& k, at::Tensor target) {
-    const auto it = state.find(k);
-    if (it == state.end()) throw Error("loom: fp8-mixed state: missing key '" + k + "'");
-    if (!it->second.isTensor() || it->second.toTensor().sizes() != target.sizes()) {
-      throw Error("loom: fp8-mixed state: '" + k + "' must be a tensor of shape " +
-                  c10::str(target.sizes()) +
-                  (it->second.isTensor() ? ", not " + c10::str(it->second.toTensor().sizes())
-                                         : std::string()) +
-                  " (a different history_len, or another model)");
+  static void load_one(state::Reader& r, const std::string& k, at::Tensor target) {
+    const at::Tensor t = r.tensor(k);
+    if (t.sizes() != target.sizes()) {
+      r.fail(k, "expected a tensor of shape " + c10::str(target.sizes()) + ", got " +
+                    c10::str(t.sizes()) + " (a different history_len, or another model)");
     }
     at::NoGradGuard no_grad;
-    target.copy_(it->second.toTensor());
+    target.copy_(t);
   }
 
   // _scaled_mm runs on compute capability 8.9 and newer: try the smallest product there.

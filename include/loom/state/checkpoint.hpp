@@ -18,8 +18,8 @@
 #include <loom/detail/checkpoint_files.hpp>
 #include <loom/error.hpp>
 #include <loom/state/entry.hpp>
+#include <loom/state/state_dict.hpp>
 #include <loom/state/values.hpp>
-#include <loom/state_dict.hpp>
 
 namespace loom::state {
 

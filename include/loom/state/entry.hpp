@@ -35,8 +35,8 @@
 #include <loom/state/module.hpp>
 #include <loom/state/optimizer.hpp>
 #include <loom/state/runtime.hpp>
+#include <loom/state/state_dict.hpp>
 #include <loom/state/values.hpp>
-#include <loom/state_dict.hpp>
 
 namespace loom {
 
@@ -146,9 +146,7 @@ class StateEntry {
     } else if constexpr (std::is_same_v<U, std::string>) {
       save_ = [mut] { return c10::IValue(*mut); };
       load_ = [mut, path](const c10::IValue& v, bool) {
-        if (!v.isString())
-          state::fail(path, "expected a string, the checkpoint holds a " + v.tagKind());
-        *mut = v.toStringRef();
+        *mut = state::string_of(v, state::load_owner, path);
       };
     } else if constexpr (std::is_same_v<U, c10::IValue>) {
       save_ = [mut] { return *mut; };
@@ -163,7 +161,7 @@ class StateEntry {
     }
     if constexpr (!writable) {
       load_ = [path](const c10::IValue&, bool) {
-        throw Error("loom::load: '" + path + "' refers to a const object, which cannot be loaded");
+        state::fail(path, "refers to a const object, which cannot be loaded");
       };
     }
   }

@@ -107,10 +107,10 @@ inline void load_module_state(torch::nn::Module& module, const c10::IValue& stat
     list("unexpected key(s)", unexpected);
   }
   if (!why.empty()) {
-    throw Error("loom::load: '" + std::string(path) + "' does not fit the module:" + why +
-                (strict && (!missing.empty() || !unexpected.empty())
-                     ? "\n  (strict = false loads the keys that match)"
-                     : ""));
+    fail(path, "does not fit the module:" + why +
+                   (strict && (!missing.empty() || !unexpected.empty())
+                        ? "\n  (strict = false loads the keys that match)"
+                        : ""));
   }
   at::NoGradGuard no_grad;
   for (auto& [dst, src] : copies) dst.copy_(src);

@@ -16,8 +16,8 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 
+#include <loom/state/state_dict.hpp>
 #include <loom/state/values.hpp>
-#include <loom/state_dict.hpp>
 
 namespace loom::state {
 
@@ -44,7 +44,8 @@ inline Dict to_dict(const StateDict& s) {
 inline StateDict from_dict(const c10::IValue& v, const std::string& path) {
   StateDict out;
   for (const auto& e : as_dict(v, path)) {
-    if (!e.key().isString()) fail(path, "has a key that is not a string");
+    if (!e.key().isString())
+      fail(path, "expected a dict of str keys, got " + kind_of(e.key()) + " key");
     out.emplace(e.key().toStringRef(), e.value());
   }
   return out;
@@ -101,12 +102,11 @@ void load_runtime_state(R& rt, const c10::IValue& value, bool strict) {
   const std::string path = "runtime";
   const std::string name(R::precision_name());
   const Dict d = as_dict(value, path);
-  const auto saved_name = at(d, "precision", path);
-  if (!saved_name.isString()) fail(join(path, "precision"), "expected a string");
-  const std::string saved = saved_name.toStringRef();
+  const std::string saved =
+      string_of(at(d, "precision", path), load_owner, join(path, "precision"));
   auto problem = [&](const std::string& where, const std::string& what) {
     if (strict) fail(where, what + " (or load with strict = false to skip it)");
-    TORCH_WARN("loom::load: '", where, "': ", what, "; not restored (strict=false)");
+    TORCH_WARN("loom::load: key \"", where, "\": ", what, "; not restored (strict=false)");
   };
   // Device: this rank's entry.
   if (has(d, "device")) {

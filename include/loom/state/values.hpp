@@ -1,6 +1,10 @@
 #pragma once
-// Small helpers over c10::IValue dicts read from checkpoints: typed lookups whose errors name
-// the key path ("optimizer.param_groups.0.lr"), and the dict type loom writes.
+// Typed lookups in the dicts rt.load reads from a checkpoint, for the state/ headers that walk
+// them by key path ("optimizer.param_groups.0.lr"). They are state/reader.hpp's conversions
+// and error wording with the owner "loom::load":
+//
+//   loom::load: missing key "optimizer.param_groups.0.lr"
+//   loom::load: key "optimizer.param_groups.0.lr": expected a number, got a str
 #include <string>
 #include <string_view>
 #include <vector>
@@ -9,35 +13,28 @@
 #include <ATen/core/ivalue.h>
 
 #include <loom/error.hpp>
+#include <loom/state/reader.hpp>
+#include <loom/state/state_dict.hpp>
 
 namespace loom::state {
 
-/// The dict type of what loom writes: any keys (strings, ints) to any values, in insertion order.
-using Dict = c10::impl::GenericDict;
+/// The owner of the errors of rt.load's walk through a checkpoint.
+inline constexpr std::string_view load_owner = "loom::load";
 
-/// An empty Dict.
-inline Dict new_dict() { return Dict(c10::AnyType::get(), c10::AnyType::get()); }
-
-/// "a.b" (or "b" when `a` is empty).
-inline std::string join(std::string_view a, std::string_view b) {
-  return a.empty() ? std::string(b) : std::string(a) + "." + std::string(b);
-}
-
-/// Throws loom::Error "loom::load: 'PATH': WHAT".
+/// Throws loom::Error `loom::load: key "PATH": WHAT`.
 [[noreturn]] inline void fail(std::string_view path, std::string_view what) {
-  throw Error("loom::load: '" + std::string(path) + "': " + std::string(what));
+  fail_key(load_owner, path, what);
 }
 
 /// `v` as a dict, or an error naming `path`.
 inline Dict as_dict(const c10::IValue& v, std::string_view path) {
-  if (!v.isGenericDict()) fail(path, "expected a dict, the checkpoint holds a " + v.tagKind());
-  return v.toGenericDict();
+  return dict_of(v, load_owner, path);
 }
 
-/// d[key] or an error "has no 'key'" naming `path`.
+/// d[key], or `loom::load: missing key "PATH.key"`.
 inline c10::IValue at(const Dict& d, std::string_view key, std::string_view path) {
   auto it = d.find(c10::IValue(std::string(key)));
-  if (it == d.end()) fail(path, "the checkpoint has no key '" + std::string(key) + "'");
+  if (it == d.end()) fail_missing(load_owner, join(path, key));
   return it->value();
 }
 
@@ -46,45 +43,29 @@ inline bool has(const Dict& d, std::string_view key) {
   return d.find(c10::IValue(std::string(key))) != d.end();
 }
 
-/// A number (Python float or int) as double.
+/// A number (Python float, int or bool) as double.
 inline double as_double(const c10::IValue& v, std::string_view path) {
-  if (v.isDouble()) return v.toDouble();
-  if (v.isInt()) return static_cast<double>(v.toInt());
-  if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
-  fail(path, "expected a number, the checkpoint holds a " + v.tagKind());
+  return number_of(v, load_owner, path);
 }
 
 /// An integer (Python int or bool); a float is refused.
 inline int64_t as_int(const c10::IValue& v, std::string_view path) {
-  if (v.isInt()) return v.toInt();
-  if (v.isBool()) return v.toBool() ? 1 : 0;
-  fail(path, "expected an integer, the checkpoint holds a " + v.tagKind());
+  return integer_of(v, load_owner, path);
 }
 
 /// A bool (Python bool, or the ints 0 and 1).
 inline bool as_bool(const c10::IValue& v, std::string_view path) {
-  if (v.isBool()) return v.toBool();
-  if (v.isInt() && (v.toInt() == 0 || v.toInt() == 1)) return v.toInt() == 1;
-  fail(path, "expected a bool, the checkpoint holds a " + v.tagKind());
+  return boolean_of(v, load_owner, path);
 }
 
 /// A list or tuple's elements.
 inline std::vector<c10::IValue> as_sequence(const c10::IValue& v, std::string_view path) {
-  if (v.isList()) {
-    auto l = v.toList();
-    return std::vector<c10::IValue>(l.begin(), l.end());
-  }
-  if (v.isTuple()) {
-    const auto& e = v.toTupleRef().elements();
-    return std::vector<c10::IValue>(e.begin(), e.end());
-  }
-  fail(path, "expected a list or a tuple, the checkpoint holds a " + v.tagKind());
+  return sequence_of(v, load_owner, path);
 }
 
 /// A tensor.
 inline at::Tensor as_tensor(const c10::IValue& v, std::string_view path) {
-  if (!v.isTensor()) fail(path, "expected a tensor, the checkpoint holds a " + v.tagKind());
-  return v.toTensor();
+  return tensor_of(v, load_owner, path);
 }
 
 /// "[2, 3]".

@@ -246,18 +246,19 @@ TEST_CASE("a user optimizer's checkpoint errors name the key path", "[checkpoint
   auto no_lr = loom::state::optimizer_state(opt);
   CHECK(no_lr.at("param_groups").toListRef()[0].toGenericDict().erase("lr") == 1);
   CHECK_THROWS_WITH(loom::state::load_optimizer_state(other, no_lr),
-                    Contains("'optimizer.param_groups.0'") && Contains("no key 'lr'"));
+                    Contains("loom::load: missing key \"optimizer.param_groups.0.lr\""));
 
   auto bad_shape = loom::state::optimizer_state(opt);
   bad_shape.at("state").toGenericDict().at(0).toGenericDict().insert_or_assign("momentum_buffer",
                                                                                at::zeros({2}));
-  CHECK_THROWS_WITH(loom::state::load_optimizer_state(other, bad_shape),
-                    Contains("'optimizer.state.0.momentum_buffer'") && Contains("has shape [2]"));
+  CHECK_THROWS_WITH(
+      loom::state::load_optimizer_state(other, bad_shape),
+      Contains("loom::load: key \"optimizer.state.0.momentum_buffer\": has shape [2]"));
 
   // LibTorch's SGD state has no step: refused, naming where; `other` is left as it was.
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   train(rt, model, sgd, 0, 1);
   CHECK_THROWS_WITH(loom::state::load_optimizer_state(other, loom::state::optimizer_state(sgd)),
-                    Contains("'optimizer.state.0'") && Contains("no key 'step'"));
+                    Contains("loom::load: missing key \"optimizer.state.0.step\""));
   CHECK(other.param_groups()[0].options().get_lr() == 0.1);
 }

@@ -156,6 +156,26 @@ TEST_CASE("DistributedSampler refuses a rank outside the world", "[data]") {
                     Catch::Contains("num_replicas is 0; it must be at least 1"));
 }
 
+TEST_CASE("DistributedSampler's load_state_dict names the key it refuses", "[data]") {
+  using Catch::Matchers::Equals;
+  loom::DistributedSampler s(10, {2, 0, true, 0, false});
+  CHECK_THROWS_WITH(
+      s.load_state_dict({{"epoch", std::int64_t{1}}}),
+      Equals("loom::data::DistributedSampler::load_state_dict: missing key \"position\""));
+  CHECK_THROWS_WITH(s.load_state_dict({{"epoch", std::int64_t{-1}}, {"position", std::int64_t{0}}}),
+                    Equals("loom::data::DistributedSampler::load_state_dict: key \"epoch\": "
+                           "expected a non-negative int, got -1"));
+  CHECK_THROWS_WITH(s.load_state_dict({{"epoch", 1.5}, {"position", std::int64_t{0}}}),
+                    Equals("loom::data::DistributedSampler::load_state_dict: key \"epoch\": "
+                           "expected an int, got a float"));
+  CHECK_THROWS_WITH(s.load_state_dict({{"epoch", std::int64_t{1}},
+                                       {"position", std::int64_t{0}},
+                                       {"seed", std::int64_t{3}},
+                                       {"rank", std::int64_t{0}}}),
+                    Equals("loom::data::DistributedSampler::load_state_dict: unexpected key(s) "
+                           "\"rank\", \"seed\""));
+}
+
 TEST_CASE("DistributedSampler resumes mid-epoch from save and load", "[data]") {
   loom::DistributedSampler s(100, {3, 2, true, 7, false});
   s.set_epoch(5);
