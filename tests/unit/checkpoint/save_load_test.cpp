@@ -192,7 +192,7 @@ TEST_CASE("rt.load names what does not fit, and returns what it was not asked fo
                                 torch::nn::Linear(9, 3));
     const auto before = other[0]->as<torch::nn::Linear>()->weight.clone();
     CHECK_THROWS_WITH(rt.load(file, {{"model", other}}),
-                      Contains("'model' does not fit the module") &&
+                      Contains("loom::load: key \"model\": does not fit the module") &&
                           Contains("'0.weight' has shape [8, 6] in the checkpoint and [9, 6]") &&
                           Contains("\n  unexpected key(s) (7): 1.weight, 1.bias, 1.running_mean, "
                                    "1.running_var, 1.num_batches_tracked, ... and 2 more") &&
