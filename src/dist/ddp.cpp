@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -291,6 +292,17 @@ ReducedParameters collect_reduced_parameters(torch::nn::Module& module) {
   return r;
 }
 
+/// A write to a socket whose peer died raises SIGPIPE, whose default action ends the process
+/// before gloo can report the dead rank. Python ignores SIGPIPE at start-up, so Python DDP sees
+/// an error instead; a process that left SIGPIPE at its default gets the same. A handler the
+/// program installed is kept.
+void ignore_default_sigpipe() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    std::signal(SIGPIPE, SIG_IGN);
+  }
+}
+
 /// The rendezvous store: in memory without MASTER_ADDR, else a TCPStore that rank 0 hosts
 /// (unless the launcher's agent does); a failure names the address and what to check.
 c10::intrusive_ptr<c10d::Store> connect_store(const detail::DdpState& s) {
@@ -458,6 +470,7 @@ void Ddp::setup(torch::nn::Module& module, c10::Device device, std::string_view 
   ReducedParameters reduced = collect_reduced_parameters(module);
   s.module = &module;
   if (s.env.single_process) return;  // one process: nothing to connect or reduce
+  ignore_default_sigpipe();
   connect_process_group(s, connect_store(s), device);
   check_same_parameters_on_every_rank(s, reduced.params);
   broadcast_rank_zero_state(s, module);

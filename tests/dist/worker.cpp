@@ -98,6 +98,10 @@ int run_train() {
   rt.setup(model, opt);
   say(std::string("setup: params from rank 0 ") +
       (same_on_all_ranks(s, flat_params(*model)) ? "equal" : "DIFFER"));
+  // A write to a dead peer's socket must fail with an error, not end the process by SIGPIPE.
+  struct sigaction on_pipe {};
+  sigaction(SIGPIPE, nullptr, &on_pipe);
+  say(std::string("setup: SIGPIPE ") + (on_pipe.sa_handler == SIG_IGN ? "ignored" : "NOT ignored"));
   const int steps = iarg("steps", 4);
   train_steps(rt, model, opt, steps, iarg("stop_at", -1), arg("fault", "kill"));
   // Gradients of the last step are averaged: equal everywhere.
