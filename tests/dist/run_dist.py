@@ -199,7 +199,8 @@ def case_fault(worker, tmp, fault):
     rc, text = res[0]
     if rc != 3:
         raise Failure(f"rank 0: exit {rc}, expected 3 (a loom::Error)")
-    for n in ["setup: SIGPIPE ignored", "failed on rank 0 of 2 processes (timeout 5 s)", "Another rank has died"]:
+    for n in ["setup: SIGPIPE ignored", "failed on rank 0 of 2 processes (timeout 5 s)",
+              "Another rank has died"]:
         if n not in text:
             raise Failure(f"rank 0: output lacks {n!r}")
     # Rank 0 must leave within the timeout plus a few seconds of the fault.
