@@ -22,9 +22,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
-#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
-#include <ATen/ops/_amp_update_scale.h>
-#include <ATen/ops/full.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <c10/core/TensorOptions.h>
@@ -105,39 +102,12 @@ class GradScaler {
 
   /// Each tensor times the scale; the scale is copied once per device. The first tensor's
   /// device receives the scale if none exists yet.
-  std::vector<at::Tensor> scale(const std::vector<at::Tensor>& outputs) {
-    if (!options_.enabled) return outputs;
-    std::vector<std::pair<c10::Device, at::Tensor>> per_device;
-    std::vector<at::Tensor> scaled;
-    scaled.reserve(outputs.size());
-    for (const auto& t : outputs) {
-      if (!t.defined()) throw Error("loom::amp::GradScaler::scale: a tensor is undefined");
-      if (!scale_.defined()) lazy_init(t.device());
-      scaled.push_back(t.mul(replica(per_device, scale_, t.device())));
-    }
-    return scaled;
-  }
+  std::vector<at::Tensor> scale(const std::vector<at::Tensor>& outputs);
 
   /// Divides the optimizer's gradients by the scale in place and records, per device,
   /// whether any was inf or nan. At most once per optimizer between two update()s, and not
   /// after step(); step() calls it itself when it has not run. No host sync.
-  void unscale_(torch::optim::Optimizer& optimizer) {
-    if (!options_.enabled) return;
-    require_scale("unscale_");
-    auto& state = state_of(optimizer);
-    if (state.stage == Stage::Unscaled) {
-      throw Error(
-          "loom::amp::GradScaler::unscale_: unscale_() has already been called on this "
-          "optimizer since the last update().");
-    }
-    if (state.stage == Stage::Stepped) {
-      throw Error("loom::amp::GradScaler::unscale_: unscale_() is being called after step().");
-    }
-    // The reciprocal in f64, as torch does: f32 division can be imprecise under some flags.
-    auto inv_scale = scale_.to(c10::kDouble).reciprocal().to(c10::kFloat);  // () f32
-    state.found_inf = unscale_grads(optimizer, inv_scale);
-    state.stage = Stage::Unscaled;
-  }
+  void unscale_(torch::optim::Optimizer& optimizer);
 
   /// Unscales (unless unscale_ already ran) and runs `optimizer.step()` only if no gradient
   /// was inf or nan. Returns whether the step was applied; a disabled scaler always steps.
@@ -148,33 +118,7 @@ class GradScaler {
   /// by the scale inside the kernel (no scale when unscale_ already ran) and does nothing if
   /// the device-side found_inf is set. The result then holds that flag: reading it is the one
   /// sync.
-  StepResult step(torch::optim::Optimizer& optimizer) {
-    if (!options_.enabled) {
-      optimizer.step();
-      return true;
-    }
-    require_scale("step");
-    if (state_of(optimizer).stage == Stage::Stepped) {
-      throw Error(
-          "loom::amp::GradScaler::step: step() has already been called since the last "
-          "update().");
-    }
-    const auto* info = optim::find_optimizer(optimizer);
-    if (info != nullptr && info->amp == optim::AmpSupport::Fused) {
-      return step_fused(optimizer, *info);
-    }
-    if (state_of(optimizer).stage == Stage::Ready) unscale_(optimizer);
-    auto& state = state_of(optimizer);  // unscale_ may have added entries; look up again
-    if (state.found_inf.empty()) {
-      throw Error("loom::amp::GradScaler::step: No inf checks were recorded for this optimizer.");
-    }
-    double found = 0.0;
-    for (const auto& entry : state.found_inf) found += entry.second.item<float>();  // host sync
-    const bool applied = found == 0.0;
-    if (applied) optimizer.step();
-    state_of(optimizer).stage = Stage::Stepped;
-    return applied;
-  }
+  StepResult step(torch::optim::Optimizer& optimizer);
 
   /// With a closure: a plain `optimizer.step(closure)` when disabled; an error when enabled,
   /// as in torch (the closure would recompute unscaled gradients).
@@ -192,27 +136,7 @@ class GradScaler {
   /// Updates the scale from every inf check since the last update (all optimizers together):
   /// x backoff_factor if any found inf/nan, x growth_factor after growth_interval clean
   /// updates in a row (only if the result stays finite). Then every optimizer is `ready`.
-  void update() {
-    if (!options_.enabled) return;
-    require_scale("update");
-    std::vector<at::Tensor> found_infs;
-    for (const auto& entry : per_optimizer_) {
-      for (const auto& found : entry.second.found_inf) {
-        found_infs.push_back(found.second.to(scale_.device(), c10::kFloat, /*non_blocking=*/true));
-      }
-    }
-    if (found_infs.empty()) {
-      throw Error("loom::amp::GradScaler::update: No inf checks were recorded prior to update.");
-    }
-    at::Tensor combined = found_infs.front();  // () f32; only read when there is one
-    if (found_infs.size() > 1) {
-      combined = combined.clone();
-      for (std::size_t i = 1; i < found_infs.size(); ++i) combined.add_(found_infs[i]);
-    }
-    at::_amp_update_scale_(scale_, growth_tracker_, combined, options_.growth_factor,
-                           options_.backoff_factor, options_.growth_interval);
-    per_optimizer_.clear();
-  }
+  void update();
 
   /// Sets the scale to `new_scale` (the tracker is kept) and sends every optimizer back to
   /// `ready`. Like torch, it needs the scale tensor: call scale() first.
@@ -263,39 +187,12 @@ class GradScaler {
   /// The checkpointable state, as torch's: `scale` (double), `growth_factor` (double),
   /// `backoff_factor` (double), `growth_interval` (int64), `_growth_tracker` (int64);
   /// `{}` when disabled. Take it after update() to checkpoint an iteration's end.
-  StateDict state_dict() const {
-    if (!options_.enabled) return {};
-    return {{"scale", c10::IValue(get_scale())},
-            {"growth_factor", c10::IValue(options_.growth_factor)},
-            {"backoff_factor", c10::IValue(options_.backoff_factor)},
-            {"growth_interval", c10::IValue(options_.growth_interval)},
-            {"_growth_tracker", c10::IValue(get_growth_tracker())}};
-  }
+  StateDict state_dict() const;
 
   /// Restores a state_dict(); before the first scale() the values become the initial ones,
   /// afterwards they fill the live tensors. A no-op when disabled. Throws loom::Error on an
   /// empty state, a missing or unknown key, a wrong type or options that break the rules.
-  void load_state_dict(const StateDict& state) {
-    if (!options_.enabled) return;
-    if (state.empty()) {
-      throw Error(
-          "loom::amp::GradScaler::load_state_dict: The source state dict is empty, "
-          "possibly because it was saved from a disabled instance of GradScaler.");
-    }
-    state::Reader r("loom::amp::GradScaler::load_state_dict", state);
-    GradScalerOptions loaded = options_;
-    loaded.init_scale = r.number("scale");
-    loaded.growth_factor = r.number("growth_factor");
-    loaded.backoff_factor = r.number("backoff_factor");
-    loaded.growth_interval = r.integer("growth_interval");
-    const int64_t tracker = r.integer("_growth_tracker");
-    r.finish();
-    validate(loaded, "load_state_dict");
-    options_ = loaded;
-    init_growth_tracker_ = tracker;
-    if (scale_.defined()) scale_.fill_(options_.init_scale);
-    if (growth_tracker_.defined()) growth_tracker_.fill_(tracker);
-  }
+  void load_state_dict(const StateDict& state);
 
  private:
   struct OptimizerState {
@@ -303,75 +200,24 @@ class GradScaler {
     std::vector<std::pair<c10::Device, at::Tensor>> found_inf;  // per device: () f32, 0 or >0
   };
 
-  static void validate(const GradScalerOptions& o, const char* where) {
-    const std::string prefix = std::string("loom::amp::GradScaler::") + where + ": ";
-    if (!(o.growth_factor > 1.0)) {
-      throw Error(prefix + "growth_factor must be > 1, got " + std::to_string(o.growth_factor));
-    }
-    if (!(o.backoff_factor > 0.0 && o.backoff_factor < 1.0)) {
-      throw Error(prefix + "backoff_factor must be in (0, 1), got " +
-                  std::to_string(o.backoff_factor));
-    }
-    if (o.growth_interval < 1) {
-      throw Error(prefix + "growth_interval must be >= 1, got " +
-                  std::to_string(o.growth_interval));
-    }
-  }
+  static void validate(const GradScalerOptions& o, const char* where);
 
   static at::Tensor clone(const at::Tensor& t) { return t.defined() ? t.clone() : t; }
 
   // torch's fused branch of GradScaler.step: _check_inf_per_device (inv_scale 1: the
   // gradients are only checked), found_inf summed on the scale's device, the scale handed to
   // the optimizer unless unscale_ already ran; no host sync anywhere.
-  StepResult step_fused(torch::optim::Optimizer& optimizer, const optim::OptimizerInfo& info) {
-    std::optional<at::Tensor> grad_scale;
-    if (state_of(optimizer).stage == Stage::Ready) {
-      auto found = unscale_grads(optimizer, one_);  // inv_scale 1: check only
-      state_of(optimizer).found_inf = std::move(found);
-      grad_scale = scale_;
-    }
-    auto& state = state_of(optimizer);
-    if (state.found_inf.empty()) {
-      throw Error("loom::amp::GradScaler::step: No inf checks were recorded for this optimizer.");
-    }
-    at::Tensor found = state.found_inf.front().second.to(scale_.device(), /*non_blocking=*/true);
-    for (std::size_t i = 1; i < state.found_inf.size(); ++i) {
-      if (i == 1) found = found.clone();
-      found.add_(state.found_inf[i].second.to(scale_.device(), /*non_blocking=*/true));
-    }
-    info.set_amp(optimizer, grad_scale, found);
-    optimizer.step();
-    state.stage = Stage::Stepped;
-    return StepResult(found);
-  }
+  StepResult step_fused(torch::optim::Optimizer& optimizer, const optim::OptimizerInfo& info);
 
   // `master` on `device`, moved on first request (torch's _MultiDeviceReplicator). Replicas
   // are only read, so on master's own device it is master itself: no copy on the usual
   // single-device step.
   static const at::Tensor& replica(std::vector<std::pair<c10::Device, at::Tensor>>& cache,
-                                   const at::Tensor& master, const c10::Device& device) {
-    for (const auto& entry : cache) {
-      if (entry.first == device) return entry.second;
-    }
-    cache.emplace_back(device, master.to(device, master.scalar_type(), /*non_blocking=*/true));
-    return cache.back().second;
-  }
+                                   const at::Tensor& master, const c10::Device& device);
 
-  void lazy_init(const c10::Device& device) {
-    scale_ = at::full({}, options_.init_scale,
-                      at::TensorOptions().dtype(c10::kFloat).device(device));  // () f32
-    growth_tracker_ = at::full({}, init_growth_tracker_,
-                               at::TensorOptions().dtype(c10::kInt).device(device));  // () i32
-    one_ = at::full({}, 1.0, at::TensorOptions().dtype(c10::kFloat).device(device));  // () f32
-  }
+  void lazy_init(const c10::Device& device);
 
-  void require_scale(const char* where) const {
-    if (!scale_.defined()) {
-      throw Error(std::string("loom::amp::GradScaler::") + where + ": Attempted " + where +
-                  " before any scale(). This may indicate your script did not use "
-                  "scaler.scale(loss or outputs) earlier in the iteration.");
-    }
-  }
+  void require_scale(const char* where) const;
 
   OptimizerState& state_of(const torch::optim::Optimizer& optimizer) {
     for (auto& entry : per_optimizer_) {
@@ -384,52 +230,7 @@ class GradScaler {
   // Checks and unscales every defined gradient, one ATen call per (device, dtype) group, and
   // returns a fresh found_inf per device. Throws before touching any gradient.
   std::vector<std::pair<c10::Device, at::Tensor>> unscale_grads(torch::optim::Optimizer& optimizer,
-                                                                const at::Tensor& inv_scale) {
-    struct Group {
-      c10::Device device;
-      c10::ScalarType dtype;
-      std::vector<at::Tensor> grads;
-    };
-    std::vector<Group> groups;  // in first-seen order, like torch's nested defaultdicts
-    for (auto& group : optimizer.param_groups()) {
-      for (auto& param : group.params()) {
-        const at::Tensor& grad = param.grad();
-        if (!grad.defined()) continue;
-        if (grad.scalar_type() == c10::kHalf) {
-          throw Error("loom::amp::GradScaler::unscale_: Attempting to unscale FP16 gradients.");
-        }
-        if (grad.is_sparse()) {
-          throw Error("loom::amp::GradScaler::unscale_: sparse gradients are not supported");
-        }
-        Group* found = nullptr;
-        for (auto& g : groups) {
-          if (g.device == grad.device() && g.dtype == grad.scalar_type()) found = &g;
-        }
-        if (found == nullptr) {
-          groups.push_back(Group{grad.device(), grad.scalar_type(), {}});
-          found = &groups.back();
-        }
-        found->grads.push_back(grad);  // shares the gradient's storage: unscaled in place
-      }
-    }
-    at::NoGradGuard no_grad;
-    std::vector<std::pair<c10::Device, at::Tensor>> found_inf;
-    std::vector<std::pair<c10::Device, at::Tensor>> inv_scales;
-    for (auto& g : groups) {
-      const auto& inv = replica(inv_scales, inv_scale, g.device);  // () f32
-      at::Tensor* flag = nullptr;
-      for (auto& entry : found_inf) {
-        if (entry.first == g.device) flag = &entry.second;
-      }
-      if (flag == nullptr) {
-        auto zero = at::full({}, 0.0, at::TensorOptions().dtype(c10::kFloat).device(g.device));
-        found_inf.emplace_back(g.device, std::move(zero));  // () f32
-        flag = &found_inf.back().second;
-      }
-      at::_amp_foreach_non_finite_check_and_unscale_(g.grads, *flag, inv);
-    }
-    return found_inf;
-  }
+                                                                const at::Tensor& inv_scale);
 
   GradScalerOptions options_;
   int64_t init_growth_tracker_ = 0;
@@ -449,18 +250,10 @@ struct SelfUnscalingOptimizer {
 
 /// Whether `optimizer` unscales its gradients inside its own step: its row of loom's optimizer
 /// table says AmpSupport::SelfUnscaling, or it derives from SelfUnscalingOptimizer.
-inline bool unscales_itself(const torch::optim::Optimizer& optimizer) {
-  return optim::amp_support(optimizer) == optim::AmpSupport::SelfUnscaling ||
-         dynamic_cast<const SelfUnscalingOptimizer*>(&optimizer) != nullptr;
-}
+bool unscales_itself(const torch::optim::Optimizer& optimizer);
 
 /// Throws loom::Error when loom's optimizer table says `optimizer` cannot run under a
 /// GradScaler (AmpSupport::Refused: LBFGS, whose closure recomputes unscaled gradients).
-inline void refuse_unscalable(const torch::optim::Optimizer& optimizer) {
-  const auto* info = optim::find_optimizer(optimizer);
-  if (info != nullptr && info->amp == optim::AmpSupport::Refused) {
-    throw Error("loom: AMP and the " + std::string(info->name) + " optimizer are not compatible.");
-  }
-}
+void refuse_unscalable(const torch::optim::Optimizer& optimizer);
 
 }  // namespace loom::amp

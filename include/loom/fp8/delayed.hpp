@@ -13,7 +13,6 @@
 //
 // Scales start at 1. Under data parallelism the row 0 of every rank is all-reduced (MAX)
 // before update(), so every rank keeps the same scales.
-#include <cmath>
 #include <cstdint>
 
 #include <ATen/ATen.h>
@@ -41,13 +40,7 @@ struct DelayedBlock {
   at::Tensor scale;         ///< (layers, 3) fp32
 
   /// Zero histories and unit scales for `layers` layers on `device`.
-  static DelayedBlock make(int64_t layers, const DelayedOptions& options, c10::Device device) {
-    if (options.history_len < 1) {
-      throw Error("loom::fp8::DelayedOptions: history_len must be at least 1");
-    }
-    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
-    return {at::zeros({options.history_len, layers, 3}, f32), at::ones({layers, 3}, f32)};
-  }
+  static DelayedBlock make(int64_t layers, const DelayedOptions& options, c10::Device device);
 
   int64_t layers() const { return scale.defined() ? scale.size(0) : 0; }
 
@@ -63,19 +56,7 @@ struct DelayedBlock {
 
   /// TransformerEngine's update (see above), on the device, no host sync. `grad_dtype` is the
   /// output gradient's format (its column's fp8 maximum).
-  void update(const DelayedOptions& options, c10::ScalarType grad_dtype) {
-    if (layers() == 0) return;
-    at::NoGradGuard no_grad;
-    const at::Tensor amax = options.amax == DelayedOptions::Amax::Max
-                                ? std::get<0>(amax_history.max(0))
-                                : amax_history.select(0, 0).clone();
-    const double e4m3 = max_value(c10::kFloat8_e4m3fn);
-    at::Tensor sf = at::reciprocal(amax).mul_(e4m3 / std::ldexp(1.0, options.margin));
-    sf.select(1, 2).mul_(max_value(grad_dtype) / e4m3);
-    scale.copy_(at::where(at::isfinite(amax).logical_and_(amax > 0), sf, scale));
-    if (amax_history.size(0) > 1) amax_history.copy_(at::roll(amax_history, -1, 0));
-    amax_history.select(0, 0).zero_();
-  }
+  void update(const DelayedOptions& options, c10::ScalarType grad_dtype);
 };
 
 }  // namespace loom::fp8

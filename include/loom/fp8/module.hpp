@@ -5,17 +5,12 @@
 // (precision/fp8.hpp) enables every eligible loom::fp8::Linear of a model, swaps the
 // torch::nn::Linear layers of each torch::nn::Sequential for them, and opens the scope in
 // its forward context.
-#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <ostream>
 #include <string>
 
-#include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
 #include <torch/nn/cloneable.h>
-#include <torch/nn/functional/linear.h>
-#include <torch/nn/init.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
@@ -71,57 +66,24 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
  public:
   LinearImpl(int64_t in_features, int64_t out_features)
       : LinearImpl(torch::nn::LinearOptions(in_features, out_features)) {}
-  explicit LinearImpl(const torch::nn::LinearOptions& options_) : options(options_) { reset(); }
+  explicit LinearImpl(const torch::nn::LinearOptions& options_);
   /// Takes `other`'s parameters themselves (the same tensors, so an optimizer built on them
   /// keeps updating this layer) and its training flag.
-  explicit LinearImpl(const torch::nn::LinearImpl& other) : options(other.options) {
-    weight = register_parameter("weight", other.weight);
-    if (options.bias()) bias = register_parameter("bias", other.bias);
-    train(other.is_training());
-  }
+  explicit LinearImpl(const torch::nn::LinearImpl& other);
 
   /// Registers fresh parameters initialised as torch::nn::Linear's (the same draws).
-  void reset() override {
-    weight =
-        register_parameter("weight", torch::empty({options.out_features(), options.in_features()}));
-    if (options.bias()) bias = register_parameter("bias", torch::empty(options.out_features()));
-    reset_parameters();
-  }
-  void reset_parameters() {
-    torch::NoGradGuard no_grad;
-    torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0));
-    if (bias.defined()) {
-      const auto fan_in = std::get<0>(torch::nn::init::_calculate_fan_in_and_fan_out(weight));
-      const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
-      torch::nn::init::uniform_(bias, -bound, bound);
-    }
-  }
+  void reset() override;
+  void reset_parameters();
 
-  void pretty_print(std::ostream& stream) const override {
-    stream << "loom::fp8::Linear(in_features=" << options.in_features()
-           << ", out_features=" << options.out_features() << ", bias=" << std::boolalpha
-           << options.bias() << ", fp8=" << (config_ ? "on" : "off") << ")";
-  }
+  void pretty_print(std::ostream& stream) const override;
 
   /// fp8 when enabled and inside a Scope; torch::nn::Linear's forward otherwise.
-  at::Tensor forward(const at::Tensor& input) {
-    if (config_ && in_scope()) {
-      return linear(input, weight, bias, config_->recipe, config_->delayed);
-    }
-    return torch::nn::functional::linear(input, weight, bias);
-  }
+  at::Tensor forward(const at::Tensor& input);
 
   /// Whether both dimensions are multiples of 16, as fp8 products need.
   bool eligible() const { return fp8::eligible(options); }
   /// Makes forward compute in fp8 (inside a Scope) as `config` says; a precision's business.
-  void enable(const LayerConfig& config) {
-    if (!eligible()) {
-      throw Error(std::string("loom::fp8::Linear: fp8 needs both dimensions to be multiples of "
-                              "16, not ") +
-                  dims(options));
-    }
-    config_ = std::make_shared<const LayerConfig>(config);
-  }
+  void enable(const LayerConfig& config);
   /// Back to torch::nn::Linear's forward everywhere.
   void disable() noexcept { config_.reset(); }
   /// Whether forward computes in fp8 inside a Scope.

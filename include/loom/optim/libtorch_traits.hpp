@@ -154,23 +154,14 @@ struct TorchAdamTraits : TraitsDefaults {
   static double& momentum_of(options& o) { return std::get<0>(o.betas()); }
 };
 
-}  // namespace detail
-
-/// LibTorch's SGD: Python's layout (momentum_buffer only where there is momentum).
-template <>
-struct optimizer_traits<torch::optim::SGD> : TraitsDefaults {
-  using options = torch::optim::SGDOptions;
-  using param_state = torch::optim::SGDParamState;
-  static constexpr std::string_view name = "SGD";
+/// The rows of an SGD-like optimizer: one optional `momentum_buffer` per parameter (Python's
+/// key), the `momentum` option; LibTorch's SGD and loom::optim::SGD share them.
+template <class Options, class State>
+struct MomentumBufferTraits : TraitsDefaults {
+  using options = Options;
+  using param_state = State;
   static constexpr MomentumKind momentum = MomentumKind::Momentum;
 
-  static void save_options(const options& o, c10::impl::GenericDict& g) {
-    detail::save_sgd_options(o, false, false, g);
-  }
-  static void load_options(options& o, const PythonReader& r) {
-    detail::load_sgd_options(o, r);
-    detail::refuse_maximize(r);
-  }
   static void save_state(const param_state& s, c10::impl::GenericDict& d) {
     if (s.momentum_buffer().defined()) d.insert("momentum_buffer", s.momentum_buffer().detach());
   }
@@ -183,6 +174,23 @@ struct optimizer_traits<torch::optim::SGD> : TraitsDefaults {
     detail::move_tensors(s.momentum_buffer(), device);
   }
   static double& momentum_of(options& o) { return o.momentum(); }
+};
+
+}  // namespace detail
+
+/// LibTorch's SGD: Python's layout (momentum_buffer only where there is momentum).
+template <>
+struct optimizer_traits<torch::optim::SGD>
+    : detail::MomentumBufferTraits<torch::optim::SGDOptions, torch::optim::SGDParamState> {
+  static constexpr std::string_view name = "SGD";
+
+  static void save_options(const options& o, c10::impl::GenericDict& g) {
+    detail::save_sgd_options(o, false, false, g);
+  }
+  static void load_options(options& o, const PythonReader& r) {
+    detail::load_sgd_options(o, r);
+    detail::refuse_maximize(r);
+  }
 };
 
 /// LibTorch's Adam: Python's non-fused layout.

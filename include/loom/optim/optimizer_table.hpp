@@ -276,48 +276,23 @@ struct Table {
   std::unordered_map<std::type_index, StateMover> movers;
   std::atomic<std::uint64_t> generation{0};
 
-  Table() {
-    add(make_info<torch::optim::SGD>());
-    add(make_info<torch::optim::Adam>());
-    add(make_info<torch::optim::AdamW>());
-    add(make_info<torch::optim::RMSprop>());
-    add(make_info<torch::optim::Adagrad>());
-    add(make_info<torch::optim::LBFGS>());
-  }
+  Table();
 
   /// Enters a row (the caller holds the mutex, or is the constructor); a row for the same type
   /// replaces the old one in the indexes (the old row stays alive: lookups may hold it). The
   /// state index keeps the first mover of a state type: optimizers that share LibTorch's state
   /// types (a subclass of SGD) move their own states through their own rows.
-  void add(OptimizerInfo info) {
-    const OptimizerInfo& row = rows.emplace_back(std::move(info));
-    by_type.insert_or_assign(row.type, &row);
-    movers.try_emplace(row.state_type, row.move_state);
-    by_subclass.clear();
-    generation.fetch_add(1, std::memory_order_release);
-  }
+  void add(OptimizerInfo info);
 };
 
-inline Table& table() {
-  static Table t;
-  return t;
-}
+Table& table();
 
 /// The mover of a parameter state's dynamic type, for a state its optimizer's row does not
 /// know: the first row with that state type, or register_optimizer_state's; else empty.
-inline StateMover state_mover(const std::type_info& state) {
-  auto& t = table();
-  std::lock_guard<std::mutex> lock(t.mutex);
-  auto it = t.movers.find(std::type_index(state));
-  return it == t.movers.end() ? StateMover() : it->second;
-}
+StateMover state_mover(const std::type_info& state);
 
 /// Registers a mover for one state type (device::register_optimizer_state); replaces one.
-inline void add_state_mover(std::type_index state, StateMover mover) {
-  auto& t = table();
-  std::lock_guard<std::mutex> lock(t.mutex);
-  t.movers.insert_or_assign(state, std::move(mover));
-}
+void add_state_mover(std::type_index state, StateMover mover);
 
 }  // namespace detail
 
@@ -341,40 +316,7 @@ void register_optimizer() {
 
 /// The table's row for `optimizer`'s dynamic type (or the registered type it derives from);
 /// null when loom's table does not know it. Repeated lookups of one type take no lock.
-inline const OptimizerInfo* find_optimizer(const torch::optim::Optimizer& optimizer) {
-  auto& t = detail::table();
-  const std::type_info& type = typeid(optimizer);
-  struct Last {
-    const std::type_info* type = nullptr;
-    std::uint64_t generation = 0;
-    const OptimizerInfo* info = nullptr;
-  };
-  thread_local Last last;
-  const auto generation = t.generation.load(std::memory_order_acquire);
-  if (last.type != nullptr && *last.type == type && last.generation == generation) {
-    return last.info;
-  }
-  const OptimizerInfo* info = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(t.mutex);
-    const std::type_index key(type);
-    if (auto it = t.by_type.find(key); it != t.by_type.end()) {
-      info = it->second;
-    } else if (auto sub = t.by_subclass.find(key); sub != t.by_subclass.end()) {
-      info = sub->second;
-    } else {
-      for (auto row = t.rows.rbegin(); row != t.rows.rend(); ++row) {
-        if (t.by_type.at(row->type) == &*row && row->is(optimizer)) {
-          info = &*row;
-          break;
-        }
-      }
-      t.by_subclass.emplace(key, info);
-    }
-    last = Last{&type, t.generation.load(std::memory_order_relaxed), info};
-  }
-  return info;
-}
+const OptimizerInfo* find_optimizer(const torch::optim::Optimizer& optimizer);
 
 /// Which momentum option `optimizer` has (None when loom's table does not know it).
 inline MomentumKind momentum_kind(const torch::optim::Optimizer& optimizer) {

@@ -144,11 +144,8 @@ class SGD : public FusedOptimizer {
 /// loom::optim::SGD in loom's optimizer table: Python's fused layout (`fused` True), the fused
 /// AMP hand-over.
 template <>
-struct optimizer_traits<SGD> : TraitsDefaults {
-  using options = SGDOptions;
-  using param_state = SGDParamState;
+struct optimizer_traits<SGD> : detail::MomentumBufferTraits<SGDOptions, SGDParamState> {
   static constexpr std::string_view name = "loom::optim::SGD";
-  static constexpr MomentumKind momentum = MomentumKind::Momentum;
   static constexpr AmpSupport amp = AmpSupport::Fused;
 
   static void save_options(const options& o, c10::impl::GenericDict& g) {
@@ -158,18 +155,6 @@ struct optimizer_traits<SGD> : TraitsDefaults {
     detail::load_sgd_options(o, r);
     o.maximize(r.boolean_or("maximize", false));
   }
-  static void save_state(const param_state& s, c10::impl::GenericDict& d) {
-    if (s.momentum_buffer().defined()) d.insert("momentum_buffer", s.momentum_buffer().detach());
-  }
-  static std::unique_ptr<param_state> load_state(const PythonReader& r, const options&) {
-    auto s = std::make_unique<param_state>();
-    if (r.has("momentum_buffer")) s->momentum_buffer(r.tensor("momentum_buffer"));
-    return s;
-  }
-  static void move_state(param_state& s, const c10::Device& device) {
-    detail::move_tensors(s.momentum_buffer(), device);
-  }
-  static double& momentum_of(options& o) { return o.momentum(); }
   static void set_amp(SGD& o, std::optional<at::Tensor> grad_scale,
                       std::optional<at::Tensor> found_inf) {
     o.set_amp(std::move(grad_scale), std::move(found_inf));

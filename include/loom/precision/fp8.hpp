@@ -76,54 +76,7 @@ struct Fp8Mixed : Mixed<Fp8Mixed, c10::kBFloat16> {
   }
 
   /// Enables the model's fp8 layers (see above); warns once naming the layers left in bf16.
-  void convert_module(torch::nn::Module& root) {
-    std::vector<std::string> kept;
-    // 1. torch::nn::Linear layers of Sequentials become loom::fp8::Linear layers.
-    if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(&root)) swap_linears(*seq);
-    for (const auto& item : root.named_modules("", /*include_self=*/false)) {
-      if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(item.value().get())) {
-        swap_linears(*seq);
-      }
-    }
-    // 2. Every eligible loom::fp8::Linear is enabled; the others are reported.
-    std::vector<std::pair<std::string, fp8::LinearImpl*>> layers;
-    auto visit = [&](const std::string& name, torch::nn::Module& m) {
-      const std::string shown = name.empty() ? "(the model)" : "'" + name + "'";
-      if (auto* l = dynamic_cast<fp8::LinearImpl*>(&m)) {
-        if (l->eligible()) {
-          layers.emplace_back(name, l);
-        } else {
-          l->disable();
-          kept.push_back(shown + " (" + fp8::dims(l->options) + "): not multiples of 16");
-        }
-      } else if (typeid(m) == typeid(torch::nn::LinearImpl)) {
-        const auto& options = static_cast<torch::nn::LinearImpl&>(m).options;
-        kept.push_back(shown + " (" + fp8::dims(options) + ")" +
-                       (fp8::eligible(options) ? ": a torch::nn::Linear member, which cannot be "
-                                                 "swapped; declare it as loom::fp8::Linear"
-                                               : ": not multiples of 16"));
-      }
-    };
-    visit("", root);
-    for (const auto& item : root.named_modules("", /*include_self=*/false)) {
-      visit(item.key(), *item.value());
-    }
-    names_.clear();
-    block_.reset();
-    if (recipe_.scaling == fp8::Scaling::Delayed) {
-      block_ = std::make_shared<fp8::DelayedBlock>(
-          fp8::DelayedBlock::make(static_cast<int64_t>(layers.size()), recipe_.delayed, device_));
-    }
-    for (std::size_t i = 0; i < layers.size(); ++i) {
-      layers[i].second->enable({recipe_, {block_, static_cast<int64_t>(i)}});
-      names_.push_back(layers[i].first);
-    }
-    if (!kept.empty()) {
-      std::string list;
-      for (const auto& k : kept) list += (list.empty() ? "" : "; ") + k;
-      TORCH_WARN("loom: fp8-mixed keeps ", kept.size(), " linear layer(s) in bf16: ", list);
-    }
-  }
+  void convert_module(torch::nn::Module& root);
 
   /// The optimizer's step, then (delayed scaling) every layer's scales from its history.
   bool optimizer_step(torch::optim::Optimizer& optimizer) {
@@ -139,39 +92,11 @@ struct Fp8Mixed : Mixed<Fp8Mixed, c10::kBFloat16> {
 
   /// Delayed scaling: "fp8.<layer>.amax_history" (history_len, 3) and "fp8.<layer>.scale" (3)
   /// for every converted layer (columns: input, weight, output gradient). Else empty.
-  StateDict state_dict() const {
-    StateDict state;
-    if (!block_) return state;
-    for (std::size_t i = 0; i < names_.size(); ++i) {
-      const auto l = static_cast<int64_t>(i);
-      state[key(names_[i], "amax_history")] = block_->amax_history.select(1, l).clone();
-      state[key(names_[i], "scale")] = block_->scale.select(0, l).clone();
-    }
-    return state;
-  }
+  StateDict state_dict() const;
 
   /// Restores state_dict()'s value after convert_module (setup) has run; a missing,
   /// unexpected or misshapen key is a loom::Error naming it.
-  void load_state_dict(const StateDict& state) {
-    if (recipe_.scaling != fp8::Scaling::Delayed) {
-      Mixed::load_state_dict(state);  // no state: refuses any key
-      return;
-    }
-    static constexpr std::string_view owner = "loom::precision::Fp8Mixed::load_state_dict";
-    if (!block_) {
-      if (state.empty()) return;
-      state::fail_key(owner, "",
-                      "fp8-mixed state loads after setup(): the layers it belongs to are "
-                      "converted there");
-    }
-    state::Reader r(std::string(owner), state);
-    for (std::size_t i = 0; i < names_.size(); ++i) {
-      const auto l = static_cast<int64_t>(i);
-      load_one(r, key(names_[i], "amax_history"), block_->amax_history.select(1, l));
-      load_one(r, key(names_[i], "scale"), block_->scale.select(0, l));
-    }
-    r.finish();
-  }
+  void load_state_dict(const StateDict& state);
 
   /// The recipe the layers are converted with.
   const fp8::LinearRecipe& recipe() const noexcept { return recipe_; }
@@ -190,60 +115,12 @@ struct Fp8Mixed : Mixed<Fp8Mixed, c10::kBFloat16> {
 
   // Rebuilds `seq` in place with its eligible torch::nn::Linear layers as loom::fp8::Linear
   // ones holding the same parameters; the object stays the one its parent holds.
-  static void swap_linears(torch::nn::SequentialImpl& seq) {
-    const auto children = seq.named_children();
-    if (children.size() != seq.size()) return;  // not built by push_back: leave it alone
-    bool any = false;
-    for (const auto& c : children) {
-      const auto& m = *c.value();
-      any = any || (typeid(m) == typeid(torch::nn::LinearImpl) &&
-                    fp8::eligible(static_cast<const torch::nn::LinearImpl&>(m).options));
-    }
-    if (!any) return;
-    torch::nn::SequentialImpl rebuilt;
-    std::size_t i = 0;
-    for (const torch::nn::AnyModule& a : seq) {
-      const auto& c = children[i++];
-      const auto& m = *c.value();
-      if (typeid(m) == typeid(torch::nn::LinearImpl) &&
-          fp8::eligible(static_cast<const torch::nn::LinearImpl&>(m).options)) {
-        rebuilt.push_back(std::string(c.key()), fp8::Linear(std::make_shared<fp8::LinearImpl>(
-                                                    static_cast<const torch::nn::LinearImpl&>(m))));
-      } else {
-        rebuilt.push_back(std::string(c.key()), a);
-      }
-    }
-    if (!seq.is_training()) rebuilt.train(false);
-    seq = std::move(rebuilt);
-  }
+  static void swap_linears(torch::nn::SequentialImpl& seq);
 
-  static void load_one(state::Reader& r, const std::string& k, at::Tensor target) {
-    const at::Tensor t = r.tensor(k);
-    if (t.sizes() != target.sizes()) {
-      r.fail(k, "expected a tensor of shape " + c10::str(target.sizes()) + ", got " +
-                    c10::str(t.sizes()) + " (a different history_len, or another model)");
-    }
-    at::NoGradGuard no_grad;
-    target.copy_(t);
-  }
+  static void load_one(state::Reader& r, const std::string& k, at::Tensor target);
 
   // _scaled_mm runs on compute capability 8.9 and newer: try the smallest product there.
-  static void probe_cuda(c10::Device device) {
-    try {
-      const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
-      const at::Tensor a = at::zeros({16, 16}, f32).to(c10::kFloat8_e4m3fn);
-      const at::Tensor one = at::ones({}, f32);
-      (void)at::_scaled_mm(a, a.t(), one, one, std::nullopt, std::nullopt, c10::kBFloat16, false);
-    } catch (const c10::Error& e) {
-      std::string what =
-          "loom: fp8-mixed needs a CUDA device of compute capability 8.9 or newer (Ada, Hopper, "
-          "Blackwell) for its fp8 products; ";
-      what += device.str();
-      what += " cannot run them: ";
-      what += e.what_without_backtrace();
-      throw Error(what);
-    }
-  }
+  static void probe_cuda(c10::Device device);
 
   fp8::LinearRecipe recipe_{};
   c10::Device device_{c10::kCPU};
