@@ -305,6 +305,14 @@ void ignore_default_sigpipe() {
 
 /// The rendezvous store: in memory without MASTER_ADDR, else a TCPStore that rank 0 hosts
 /// (unless the launcher's agent does); a failure names the address and what to check.
+///
+/// One timeout bounds connecting as it bounds every later wait. The server waits for the
+/// other ranks for `timeout`. A client's TCPStore tries to connect (and validate) until a
+/// deadline of its options' timeout, but each try may itself last that long, and c10d then
+/// sleeps about a second (jittered back-off) before the last: with `timeout` itself, a lone
+/// rank or a wrong MASTER_PORT failed only after twice the timeout and more. A client is
+/// therefore built with half the timeout (two tries and the pause fit in the timeout plus
+/// about two seconds), and its store is given the whole timeout for the waits that follow.
 c10::intrusive_ptr<c10d::Store> connect_store(const detail::DdpState& s) {
   const auto timeout = s.options.timeout;
   const std::string where = s.env.master_addr + ":" + std::to_string(s.env.master_port);
@@ -315,9 +323,11 @@ c10::intrusive_ptr<c10d::Store> connect_store(const detail::DdpState& s) {
     o.isServer = s.env.rank == 0 && !s.env.agent_store;
     o.numWorkers = static_cast<std::size_t>(s.env.world_size);
     o.waitWorkers = true;
-    o.timeout = timeout;
+    o.timeout = o.isServer ? timeout : std::max(timeout / 2, std::chrono::milliseconds(1));
     o.multiTenant = true;
-    return c10::make_intrusive<c10d::TCPStore>(s.env.master_addr, o);
+    auto store = c10::make_intrusive<c10d::TCPStore>(s.env.master_addr, o);
+    store->setTimeout(timeout);
+    return store;
   } catch (...) {
     const std::string text = message_of(std::current_exception());
     const bool server = s.env.rank == 0 && !s.env.agent_store;

@@ -247,6 +247,26 @@ def case_port(worker, tmp):
     return f"rank 0 refused the busy port after {t:.1f} s"
 
 
+def case_lone(worker, tmp):
+    """A rank started alone fails within DdpOptions::timeout plus a few seconds, with a
+    loom::Error naming the address, the rank and the timeout: rank 1 finds no store on the port
+    (as with a wrong MASTER_PORT), rank 0 hosts one that no other rank joins."""
+    timeout_s, slack_s = 5, 4
+    seen = []
+    for rank, needle in ((1, "rank 1 of 2 could not join the rendezvous store at 127.0.0.1:"),
+                         (0, "rank 0 of 2 could not host the rendezvous store on 127.0.0.1:")):
+        res, t = run_ranks_once(worker, "train", 2, 60, tmp, [rank], None, None,
+                                timeout_ms=timeout_s * 1000)
+        rc, text = res[0]
+        if rc != 3 or needle not in text or f"within {timeout_s} s" not in text:
+            raise Failure(f"rank {rank} alone: exit {rc}; expected a loom::Error with {needle!r} "
+                          f"and 'within {timeout_s} s'")
+        if t > timeout_s + slack_s:
+            raise Failure(f"rank {rank} alone took {t:.1f} s (timeout {timeout_s} s)")
+        seen.append(f"rank {rank} after {t:.1f} s")
+    return f"alone, with a {timeout_s} s timeout, each failed with a loom::Error: " + ", ".join(seen)
+
+
 def case_parity(worker, tmp):
     out = subprocess.run([sys.executable, str(HERE / "ddp_parity.py"), "--worker", worker,
                           "--dir", str(tmp / "parity")], capture_output=True, text=True,
@@ -269,6 +289,7 @@ CASES = {
     "collectives": case_collectives, "no_sync": case_no_sync, "scaler": case_scaler,
     "fp8": case_fp8,
     "shapes": case_shapes, "unused": case_unused, "env": case_env, "port": case_port,
+    "lone": case_lone,
     "kill": lambda w, t: case_fault(w, t, "kill"), "stop": lambda w, t: case_fault(w, t, "stop"),
     "parity": case_parity,
     "cuda_nccl": lambda w, t: case_cuda(w, t, "nccl", 1),
