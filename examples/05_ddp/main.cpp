@@ -3,7 +3,7 @@
 //
 //   torchrun --nproc-per-node=2 --no-python ddp --data build/data/fashion-mnist
 //            [--device cpu] [--precision 32-true] [--epochs 1] [--max-steps N]
-//            [--batch-size 64] [--lr 1e-3]
+//            [--batch-size 64] [--lr 1e-3] [--accumulate 1]
 //
 // Also runs started by hand (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set on every rank),
 // and as one process with none of them set. loom::Ddp reads torchrun's environment, connects
@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include <torch/data/dataloader.h>
 #include <torch/data/datasets/map.h>
@@ -44,6 +45,7 @@ struct Options {
   int64_t max_steps = -1;
   int64_t batch_size = 64;
   double lr = 1e-3;
+  int64_t accumulate = 1;
 };
 
 auto dataset(const std::string& root, torch::data::datasets::MNIST::Mode mode) {
@@ -95,8 +97,17 @@ double train_and_evaluate(RT& rt, const Options& o) {
     model->train();
     for (auto& batch : rt.dataloader(*loader)) {
       if (step == o.max_steps) break;
-      auto loss = torch::nn::functional::cross_entropy(rt.forward(model, batch.data), batch.target);
-      double l = rt.backward(loss, model).template item<double>();
+      // --accumulate K: K micro-batches per step; the first K - 1 backwards stay local
+      // (no_backward_sync), the last all-reduces their sum. The loss is the mean over them.
+      const auto k = std::min<int64_t>(o.accumulate, batch.data.size(0));
+      const auto micro = loom::split_microbatches(std::make_tuple(batch.data, batch.target), k);
+      double l = 0;
+      for (std::size_t j = 0; j < micro.size(); ++j) {
+        auto scope = rt.no_backward_sync(model, j + 1 < micro.size());
+        const auto& [x, y] = micro[j];
+        auto loss = torch::nn::functional::cross_entropy(rt.forward(model, x), y);
+        l += rt.backward(loss / static_cast<double>(k), model).template item<double>();
+      }
       rt.optimizer_step(opt);  // the gradients were averaged over the ranks in backward
       opt.zero_grad();
       ++step;
@@ -140,6 +151,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-steps", o.max_steps, "stop after this many steps (-1: no limit)");
   app.add_option("--batch-size", o.batch_size, "per rank")->check(CLI::PositiveNumber);
   app.add_option("--lr", o.lr, "Adam's learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--accumulate", o.accumulate,
+                 "micro-batches per step: each batch is cut into K, the first K - 1 backwards "
+                 "skip the all-reduce (rt.no_backward_sync), the last reduces their sum")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -4,6 +4,9 @@
 #include <c10/core/ScalarTypeToTypeMeta.h>
 #include <c10/util/typeid.h>
 
+#include <new>
+#include <utility>
+
 namespace loom {
 
 /// A scope guard that changes nothing: what a policy returns when a context has no effect.
@@ -37,6 +40,32 @@ class [[nodiscard]] DefaultDtypeGuard {
 
  private:
   caffe2::TypeMeta saved_;
+};
+
+/// A scope guard that is `Guard` when enabled and nothing otherwise: the guard is built in place
+/// from what `make()` returns (a guard need not be movable), and ended when the scope ends.
+/// Runtime::no_backward_sync returns one, so a loop can write one line for every micro-batch.
+template <class Guard>
+class [[nodiscard]] OptionalScope {
+ public:
+  template <class Make>
+  OptionalScope(bool enabled, Make&& make) : engaged_(enabled) {
+    if (enabled) ::new (static_cast<void*>(&guard_)) Guard(std::forward<Make>(make)());
+  }
+  OptionalScope(const OptionalScope&) = delete;
+  OptionalScope& operator=(const OptionalScope&) = delete;
+  ~OptionalScope() {
+    if (engaged_) guard_.~Guard();
+  }
+
+  /// Whether the guard is alive.
+  bool engaged() const noexcept { return engaged_; }
+
+ private:
+  union {
+    Guard guard_;
+  };
+  bool engaged_;
 };
 
 }  // namespace loom

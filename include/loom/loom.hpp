@@ -4,6 +4,7 @@
 #include <loom/amp/autocast.hpp>
 #include <loom/amp/grad_scaler.hpp>
 #include <loom/batch/adapt.hpp>
+#include <loom/batch/split.hpp>
 #include <loom/batch/walk.hpp>
 #include <loom/checkpoint/checkpoint_io.hpp>
 #include <loom/checkpoint/io.hpp>

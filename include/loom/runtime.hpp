@@ -45,6 +45,7 @@
 #include <loom/detail/module.hpp>
 #include <loom/detail/state_merge.hpp>
 #include <loom/dist/single_process.hpp>
+#include <loom/guards.hpp>
 #include <loom/state/state_dict.hpp>
 #include <loom/step_result.hpp>
 
@@ -155,7 +156,7 @@ class Runtime {
   template <class M, class... Args>
   auto forward(M&& module, const Args&... args) {
     if (!set_up_) [[unlikely]]
-      detail::throw_forward_before_setup();
+      detail::throw_before_setup("forward");
     strategy_.pre_forward();
     auto out = [&] {
       auto inputs = std::make_tuple(convert_input(args)...);
@@ -163,6 +164,27 @@ class Runtime {
       return std::apply([&](auto&... a) { return detail::call(module, a...); }, inputs);
     }();
     return convert_output(out);
+  }
+
+  /// Fabric's no_backward_sync: while the scope lives, backward leaves the gradients local
+  /// (the strategy's no_sync(): Ddp's reducer skips its all-reduces); the first backward after
+  /// it reduces the accumulated sum, one all-reduce per bucket. With `enabled` false, or on
+  /// one process, the scope does nothing, so an accumulation loop writes one line:
+  ///
+  ///   for (std::size_t i = 0; i < micro.size(); ++i) {
+  ///     auto scope = rt.no_backward_sync(model, i + 1 < micro.size());
+  ///     rt.backward(loss_of(micro[i]) / double(micro.size()), model);
+  ///   }
+  ///   rt.optimizer_step(optimizer);
+  ///
+  /// `module` is the model setup() was given; before setup it is a loom::Error, as forward is.
+  template <class M>
+  [[nodiscard]] auto no_backward_sync(M& module, bool enabled = true) {
+    (void)detail::as_module(module);
+    if (!set_up_) [[unlikely]]
+      detail::throw_before_setup("no_backward_sync");
+    return OptionalScope<decltype(strategy_.no_sync())>(enabled,
+                                                        [this] { return strategy_.no_sync(); });
   }
 
   /// pre_backward, backward (inside the strategy's: gradients are reduced across processes

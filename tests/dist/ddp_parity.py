@@ -3,7 +3,11 @@
 The same model (an MLP 8-16-4), initial weights, data, DistributedSampler, SGD and steps,
 trained by Python's DDP (gloo, 2 ranks, torchrun) and by loom::Ddp (tests/dist/worker.cpp,
 mode parity, through `torchrun --no-python`), in 32-true and bf16-mixed; then every rank's
-final parameters are compared bit for bit, with Python's and across ranks.
+final parameters are compared bit for bit, with Python's and across ranks. Then gradient
+accumulation: each batch cut into 4 micro-batches (tensor_split), the first 3 backwards under
+DDP's no_sync() (loom: rt.no_backward_sync), the loss divided by 4, one step; in 32-true,
+bf16-mixed and 16-mixed (a GradScaler with growth_interval 3 on both sides, whose scale and
+growth tracker must be equal too).
 
 Usage: python ddp_parity.py --worker BIN --dir DIR     (the driver)
        torchrun ... ddp_parity.py --role python --dir DIR --precision P   (Python's side)
@@ -19,7 +23,9 @@ import numpy as np
 import torch
 
 SAMPLES, EPOCHS, BATCH, WORLD = 96, 2, 8, 2
-PRECISIONS = ["32-true", "bf16-mixed"]
+# (precision, micro-batches per step)
+RUNS = [("32-true", 1), ("bf16-mixed", 1), ("32-true", 4), ("bf16-mixed", 4), ("16-mixed", 4)]
+GROWTH_INTERVAL = 3  # 16-mixed: the scale grows (and backs off) within the run
 
 
 def mlp():
@@ -35,7 +41,9 @@ def write_inputs(d):
     torch.randint(0, 4, (SAMPLES,)).numpy().astype("<i8").tofile(d / "y.bin")
 
 
-def python_side(d, precision):
+def python_side(d, precision, accumulate):
+    import contextlib
+
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DistributedSampler
@@ -54,6 +62,9 @@ def python_side(d, precision):
     y = torch.from_numpy(np.fromfile(d / "y.bin", dtype="<i8"))
     ddp = DDP(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    scaler = (torch.amp.GradScaler("cpu", growth_interval=GROWTH_INTERVAL)
+              if precision == "16-mixed" else None)
+    low = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
     sampler = DistributedSampler(range(SAMPLES), num_replicas=world, rank=rank, shuffle=True,
                                  seed=0)
     for epoch in range(EPOCHS):
@@ -61,19 +72,31 @@ def python_side(d, precision):
         idx = list(sampler)
         for i in range(0, len(idx), BATCH):
             b = torch.tensor(idx[i:i + BATCH])
-            xb, yb = x[b], y[b]
-            if precision == "bf16-mixed":  # as loom and Fabric do: bf16 inputs, fp32 output
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    out = ddp(xb.to(torch.bfloat16))
-                out = out.float()
-            else:
-                out = ddp(xb)
-            loss = torch.nn.functional.cross_entropy(out, yb)
             opt.zero_grad()
-            loss.backward()
-            opt.step()
+            xs, ys = x[b].tensor_split(accumulate), y[b].tensor_split(accumulate)
+            for j in range(accumulate):
+                last = j == accumulate - 1
+                with contextlib.nullcontext() if last else ddp.no_sync():
+                    if low is not None:  # as loom and Fabric do: low-precision inputs, fp32 output
+                        with torch.autocast("cpu", dtype=low):
+                            out = ddp(xs[j].to(low))
+                        out = out.float()
+                    else:
+                        out = ddp(xs[j])
+                    loss = torch.nn.functional.cross_entropy(out, ys[j])
+                    if accumulate > 1:
+                        loss = loss / accumulate
+                    (scaler.scale(loss) if scaler else loss).backward()
+            if scaler:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     flat.numpy().astype("<f4").tofile(d / f"python_rank{rank}.bin")
+    if scaler:
+        (d / f"python_rank{rank}.scaler").write_text(
+            f"{scaler.get_scale()} {scaler._get_growth_tracker()}")
     dist.barrier()
     dist.destroy_process_group()
 
@@ -99,33 +122,47 @@ def driver(worker, d):
     d.mkdir(parents=True, exist_ok=True)
     write_inputs(d)
     finals = {}
-    for precision in PRECISIONS:
-        for f in d.glob("*_rank*.bin"):
+    for precision, k in RUNS:
+        for f in list(d.glob("*_rank*.bin")) + list(d.glob("*_rank*.scaler")):
             f.unlink()
         # Python's own DDP is the reference: a rare crash of stock torch's gloo ranks ("terminate
         # called without an active exception", SIGABRT) is not loom's, so its side gets a
         # second attempt; loom's side gets one.
-        torchrun(__file__, "--role", "python", "--dir", str(d), "--precision",
-                 precision, attempts=2)
+        torchrun(__file__, "--role", "python", "--dir", str(d), "--precision", precision,
+                 "--accumulate", str(k), attempts=2)
         torchrun("--no-python", worker, "parity", f"dir={d}", f"precision={precision}",
-                 f"samples={SAMPLES}", f"epochs={EPOCHS}", f"batch={BATCH}")
+                 f"samples={SAMPLES}", f"epochs={EPOCHS}", f"batch={BATCH}", f"accumulate={k}",
+                 f"growth_interval={GROWTH_INTERVAL}")
         py = [np.fromfile(d / f"python_rank{r}.bin", dtype="<f4") for r in range(WORLD)]
         lm = [np.fromfile(d / f"loom_rank{r}.bin", dtype="<f4") for r in range(WORLD)]
         diff = max(float(np.abs(a - b).max()) for a, b in zip(py, lm))
         bitwise = all(np.array_equal(a.view("<u4"), b.view("<u4")) for a, b in zip(py, lm))
         ranks_equal = all(np.array_equal(lm[0], b) for b in lm[1:])
         moved = float(np.abs(lm[0] - np.fromfile(d / "init.bin", dtype="<f4")).max())
-        print(f"ddp parity {precision}: {lm[0].size} parameters, {WORLD} ranks, "
+        what = precision if k == 1 else f"{precision}, {k} micro-batches (no_sync)"
+        scaler = ""
+        scaler_equal = True
+        if precision == "16-mixed":
+            ps = [tuple(map(float, (d / f"python_rank{r}.scaler").read_text().split()))
+                  for r in range(WORLD)]
+            ls = [tuple(map(float, (d / f"loom_rank{r}.scaler").read_text().split()))
+                  for r in range(WORLD)]
+            scaler_equal = ps == ls
+            scaler = (f", scaler (scale, growth tracker) loom {ls[0]} Python {ps[0]}: "
+                      f"{'equal' if scaler_equal else 'NOT equal'}")
+        print(f"ddp parity {what}: {lm[0].size} parameters, {WORLD} ranks, "
               f"loom vs Python max|diff| {diff:g} ({'bitwise equal' if bitwise else 'NOT bitwise'}), "
-              f"ranks equal: {ranks_equal}, moved from init by up to {moved:.3g}")
-        if not (bitwise and ranks_equal and moved > 0):
-            raise SystemExit(f"ddp_parity: {precision} differs from Python's DDP")
-        finals[precision] = lm[0]
-    # The precisions really differ: bf16 autocast changes the result.
-    if np.array_equal(finals["32-true"], finals["bf16-mixed"]):
+              f"ranks equal: {ranks_equal}, moved from init by up to {moved:.3g}{scaler}")
+        if not (bitwise and ranks_equal and moved > 0 and scaler_equal):
+            raise SystemExit(f"ddp_parity: {what} differs from Python's DDP")
+        finals[(precision, k)] = lm[0]
+    # The precisions really differ: bf16 autocast changes the result; so does accumulation.
+    if np.array_equal(finals[("32-true", 1)], finals[("bf16-mixed", 1)]):
         raise SystemExit("ddp_parity: bf16-mixed gave the 32-true result; autocast did not run")
+    if np.array_equal(finals[("32-true", 1)], finals[("32-true", 4)]):
+        raise SystemExit("ddp_parity: 4 micro-batches gave the 1-batch result bit for bit")
     print("ddp parity: bf16-mixed and 32-true differ by up to "
-          f"{float(np.abs(finals['32-true'] - finals['bf16-mixed']).max()):.3g}")
+          f"{float(np.abs(finals[('32-true', 1)] - finals[('bf16-mixed', 1)]).max()):.3g}")
 
 
 def main():
@@ -134,10 +171,11 @@ def main():
     ap.add_argument("--dir", required=True)
     ap.add_argument("--worker")
     ap.add_argument("--precision", default="32-true")
+    ap.add_argument("--accumulate", type=int, default=1)
     a = ap.parse_args()
     d = Path(a.dir).resolve()
     if a.role == "python":
-        python_side(d, a.precision)
+        python_side(d, a.precision, a.accumulate)
     else:
         driver(a.worker, d)
 

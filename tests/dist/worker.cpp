@@ -17,6 +17,8 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include <torch/nn/functional/loss.h>
@@ -349,7 +351,16 @@ template <class P>
 int run_parity_with() {
   const std::string dir = arg("dir", ".");
   const int n = iarg("samples", 0), epochs = iarg("epochs", 2), batch = iarg("batch", 8);
-  loom::Runtime<loom::Cpu, P, loom::Ddp> rt;
+  const int k = iarg("accumulate", 1);
+  auto rt = [] {
+    if constexpr (std::is_same_v<P, loom::Fp16Mixed>) {
+      loom::amp::GradScalerOptions o;
+      o.growth_interval = iarg("growth_interval", 2000);
+      return loom::Runtime<loom::Cpu, P, loom::Ddp>(loom::Cpu(), P(o));
+    } else {
+      return loom::Runtime<loom::Cpu, P, loom::Ddp>();
+    }
+  }();
   auto& s = rt.strategy();
   auto model = mlp(8, 16, 4);
   {
@@ -375,10 +386,16 @@ int run_parity_with() {
     while (auto idx = sampler.next(static_cast<std::size_t>(batch))) {
       std::vector<std::int64_t> i64(idx->begin(), idx->end());
       auto index = torch::tensor(i64, torch::kLong);
-      auto out = rt.forward(model, X.index_select(0, index));
-      auto loss = torch::nn::functional::cross_entropy(out, Y.index_select(0, index));
       opt.zero_grad();
-      rt.backward(loss, model);
+      // k micro-batches: the first k - 1 backwards stay local, the last reduces their sum.
+      const auto micro = loom::split_microbatches(
+          std::make_tuple(X.index_select(0, index), Y.index_select(0, index)), k);
+      for (int j = 0; j < k; ++j) {
+        auto scope = rt.no_backward_sync(model, j + 1 < k);
+        const auto& [x, y] = micro[static_cast<std::size_t>(j)];
+        auto loss = torch::nn::functional::cross_entropy(rt.forward(model, x), y);
+        rt.backward(k > 1 ? loss / k : loss, model);
+      }
       rt.optimizer_step(opt);
     }
   }
@@ -386,6 +403,11 @@ int run_parity_with() {
   std::ofstream out(dir + "/loom_rank" + std::to_string(s.rank()) + ".bin", std::ios::binary);
   out.write(reinterpret_cast<const char*>(flat.data_ptr<float>()),
             static_cast<std::streamsize>(flat.numel() * 4));
+  if constexpr (std::is_same_v<P, loom::Fp16Mixed>) {
+    const auto& scaler = rt.precision().scaler();
+    std::ofstream(dir + "/loom_rank" + std::to_string(s.rank()) + ".scaler")
+        << std::to_string(scaler.get_scale()) << " " << scaler.get_growth_tracker();
+  }
   say("parity: wrote " + std::to_string(flat.numel()) + " parameters");
   rt.teardown();
   return 0;
@@ -395,7 +417,8 @@ int run_parity() {
   const auto p = arg("precision", "32-true");
   if (p == "32-true") return run_parity_with<loom::Fp32>();
   if (p == "bf16-mixed") return run_parity_with<loom::Bf16Mixed>();
-  throw loom::Error("worker: parity runs 32-true or bf16-mixed, not " + p);
+  if (p == "16-mixed") return run_parity_with<loom::Fp16Mixed>();
+  throw loom::Error("worker: parity runs 32-true, bf16-mixed or 16-mixed, not " + p);
 }
 
 }  // namespace

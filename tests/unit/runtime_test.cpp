@@ -150,6 +150,55 @@ TEST_CASE("state_dict holds both policies' state and the precision's name", "[ru
   CHECK((log.calls == Strings{"teardown", "device.teardown"}));  // every policy's, device's too
 }
 
+namespace {
+/// A one-process strategy whose no_sync() guard and backward are logged.
+struct SyncLoggingStrategy : loom::dist::Defaults<SyncLoggingStrategy> {
+  loom::testing::CallLog* log;
+  explicit SyncLoggingStrategy(loom::testing::CallLog* l) : log(l) {}
+  static constexpr std::string_view strategy() { return "sync-logging"; }
+  loom::testing::RecordingGuard no_sync() { return {log, "no_sync"}; }
+  template <class Step>
+  void backward(const at::Tensor&, Step&& step) {
+    log->add("backward");
+    step();
+  }
+};
+}  // namespace
+
+TEST_CASE("no_backward_sync holds the strategy's no_sync guard only when enabled",
+          "[runtime][order]") {
+  loom::testing::CallLog log;
+  loom::Runtime<loom::Cpu, loom::Fp32, SyncLoggingStrategy> rt{loom::Cpu{}, loom::Fp32{},
+                                                               SyncLoggingStrategy(&log)};
+  torch::nn::Linear model(2, 1);
+  CHECK_THROWS_WITH(rt.no_backward_sync(model),
+                    Catch::StartsWith("loom::Runtime::no_backward_sync: no_backward_sync before "
+                                      "setup; call rt.setup(model)"));
+  rt.setup(model);
+  const auto x = at::ones({4, 2});
+  // Four micro-batches: the first three inside the guard, the last one synchronizes.
+  for (int i = 0; i < 4; ++i) {
+    auto scope = rt.no_backward_sync(model, i < 3);
+    CHECK(scope.engaged() == (i < 3));
+    rt.backward(rt.forward(model, x).sum(), model);
+  }
+  const std::vector<std::string> expected{
+      "no_sync enter", "backward",      "no_sync exit", "no_sync enter", "backward",
+      "no_sync exit",  "no_sync enter", "backward",     "no_sync exit",  "backward"};
+  CHECK(log.calls == expected);
+  // The default (SingleProcess) guard is a NullGuard: accumulation is plain summation.
+  loom::Runtime<loom::Cpu, loom::Fp32> one;
+  torch::nn::Linear m(2, 1);
+  one.setup(m);
+  {
+    auto scope = one.no_backward_sync(m);
+    CHECK(scope.engaged());
+    one.backward(one.forward(m, x).sum(), m);
+  }
+  one.backward(one.forward(m, x).sum(), m);
+  CHECK(m->weight.grad().equal(at::full({1, 2}, 8.0)));
+}
+
 TEST_CASE("load_state_dict refuses another precision's checkpoint", "[runtime][state]") {
   loom::Runtime<loom::Cpu, loom::Fp32> rt;
   auto sd = rt.state_dict();

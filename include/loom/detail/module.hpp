@@ -2,6 +2,7 @@
 // How Runtime reaches a module: through a torch::nn::Module, a ModuleHolder
 // (torch::nn::Linear) or a std::shared_ptr, how it calls one, and its refusal of a forward
 // before setup.
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -33,14 +34,14 @@ decltype(auto) call(M& module, A&&... args) {
   }
 }
 
-/// Runtime::forward before Runtime::setup: refused on every strategy, as loom::Ddp must (it
-/// has no process group and no reducer yet), so a loop that forgets setup fails in one
-/// process too instead of training a model on the wrong device or in the wrong dtype.
-[[noreturn, gnu::cold, gnu::noinline]] inline void throw_forward_before_setup() {
-  throw Error(
-      "loom::Runtime::forward: forward before setup; call rt.setup(model) or "
-      "rt.setup(model, optimizer) first (it converts the module, moves it to the device and "
-      "hands it to the strategy)");
+/// Runtime::forward (or no_backward_sync) before Runtime::setup: refused on every strategy, as
+/// loom::Ddp must (it has no process group and no reducer yet), so a loop that forgets setup
+/// fails in one process too instead of training a model on the wrong device or in the wrong
+/// dtype.
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_before_setup(const char* what) {
+  throw Error(std::string("loom::Runtime::") + what + ": " + what +
+              " before setup; call rt.setup(model) or rt.setup(model, optimizer) first (it "
+              "converts the module, moves it to the device and hands it to the strategy)");
 }
 
 }  // namespace loom::detail
