@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -17,6 +18,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/generated/variable_factories.h>
 #include <torch/nn/module.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -136,8 +138,9 @@ struct DdpState {
   std::shared_ptr<c10d::Reducer> reducer;
   std::shared_ptr<c10d::Logger> logger;
   torch::nn::Module* module = nullptr;
-  bool sync = true;                // false while a NoSyncGuard lives
-  bool forward_param_sync = true;  // Python's require_forward_param_sync
+  bool sync = true;                      // false while a NoSyncGuard lives
+  bool delay_all_reduce_queued = false;  // static_graph: the first backward's all-reduce
+  bool forward_param_sync = true;        // Python's require_forward_param_sync
   bool failed = false;
   bool torn_down = false;
 
@@ -439,7 +442,8 @@ void broadcast_rank_zero_state(detail::DdpState& s, torch::nn::Module& module) {
 }
 
 /// The reducer, as Python builds it: one bucket for the first iteration unless unused
-/// parameters are searched for, then rebuilt in gradient-ready order; its Logger with it.
+/// parameters are searched for (without a static graph), then rebuilt in gradient-ready
+/// order; its Logger with it; a static graph set on both (Python's _set_static_graph).
 void build_reducer(detail::DdpState& s, ReducedParameters reduced) {
   const std::int64_t cap =
       s.options.bucket_cap_mb
@@ -448,7 +452,7 @@ void build_reducer(detail::DdpState& s, ReducedParameters reduced) {
   const std::int64_t first_cap =
       s.options.bucket_cap_mb ? cap : std::int64_t{c10d::kDefaultFirstBucketBytes};
   std::vector<std::size_t> limits =
-      s.options.find_unused_parameters
+      s.options.find_unused_parameters && !s.options.static_graph
           ? std::vector<std::size_t>{static_cast<std::size_t>(first_cap),
                                      static_cast<std::size_t>(cap)}
           : std::vector<std::size_t>{
@@ -466,6 +470,10 @@ void build_reducer(detail::DdpState& s, ReducedParameters reduced) {
   // Always a logger: the reducer dereferences it when the set of unused parameters changes.
   s.logger = std::make_shared<c10d::Logger>(s.reducer);
   s.reducer->set_logger(s.logger);
+  if (s.options.static_graph) {
+    s.reducer->set_static_graph();
+    s.logger->set_static_graph();
+  }
 }
 
 }  // namespace
@@ -524,8 +532,23 @@ void Ddp::prepare_backward(const at::Tensor& loss) {
   }
   s.forward_param_sync = true;
   try {
-    s.reducer->prepare_for_backward(s.options.find_unused_parameters ? std::vector<at::Tensor>{loss}
-                                                                     : std::vector<at::Tensor>{});
+    const bool search = s.options.find_unused_parameters && !s.options.static_graph;
+    s.reducer->prepare_for_backward(search ? std::vector<at::Tensor>{loss}
+                                           : std::vector<at::Tensor>{});
+    // A static graph's first backward: the reducer only records which gradients arrive, and
+    // all-reduces every bucket once the whole pass is done (Python's _DDPSink queues the same
+    // callback from the backward of the forward's outputs; here from the loss's gradient).
+    if (s.options.static_graph && !s.delay_all_reduce_queued && loss.requires_grad()) {
+      detail::DdpState* state = &s;
+      loss.register_hook([state](const at::Tensor&) {
+        if (state->delay_all_reduce_queued || !state->reducer) return;
+        state->delay_all_reduce_queued = true;
+        std::weak_ptr<c10d::Reducer> reducer = state->reducer;
+        torch::autograd::Engine::get_default_engine().queue_callback([reducer] {
+          if (auto r = reducer.lock()) r->delay_all_reduce();
+        });
+      });
+    }
   } catch (...) {
     fail("preparing the backward pass", std::current_exception());
   }

@@ -7,7 +7,8 @@ final parameters are compared bit for bit, with Python's and across ranks. Then 
 accumulation: each batch cut into 4 micro-batches (tensor_split), the first 3 backwards under
 DDP's no_sync() (loom: rt.no_backward_sync), the loss divided by 4, one step; in 32-true,
 bf16-mixed and 16-mixed (a GradScaler with growth_interval 3 on both sides, whose scale and
-growth tracker must be equal too).
+growth tracker must be equal too). Last, static_graph=True on a model with a layer that no
+forward uses.
 
 Usage: python ddp_parity.py --worker BIN --dir DIR     (the driver)
        torchrun ... ddp_parity.py --role python --dir DIR --precision P   (Python's side)
@@ -23,13 +24,29 @@ import numpy as np
 import torch
 
 SAMPLES, EPOCHS, BATCH, WORLD = 96, 2, 8, 2
-# (precision, micro-batches per step)
-RUNS = [("32-true", 1), ("bf16-mixed", 1), ("32-true", 4), ("bf16-mixed", 4), ("16-mixed", 4)]
+# (precision, micro-batches per step, static_graph with a layer no forward uses)
+RUNS = [("32-true", 1, False), ("bf16-mixed", 1, False), ("32-true", 4, False),
+        ("bf16-mixed", 4, False), ("16-mixed", 4, False), ("32-true", 1, True)]
 GROWTH_INTERVAL = 3  # 16-mixed: the scale grows (and backs off) within the run
 
 
 def mlp():
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+class WithUnused(torch.nn.Module):
+    """The MLP and a layer no forward uses (loom: a module registered on the Sequential)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+        self.unused = torch.nn.Linear(4, 4)
+        with torch.no_grad():
+            for p in self.unused.parameters():
+                p.fill_(0.5)
+
+    def forward(self, x):
+        return self.net(x)
 
 
 def write_inputs(d):
@@ -41,7 +58,7 @@ def write_inputs(d):
     torch.randint(0, 4, (SAMPLES,)).numpy().astype("<i8").tofile(d / "y.bin")
 
 
-def python_side(d, precision, accumulate):
+def python_side(d, precision, accumulate, static_graph):
     import contextlib
 
     import torch.distributed as dist
@@ -51,16 +68,16 @@ def python_side(d, precision, accumulate):
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = mlp()
+    model = WithUnused() if static_graph else mlp()
     init = torch.from_numpy(np.fromfile(d / "init.bin", dtype="<f4"))
     with torch.no_grad():
         at = 0
-        for p in model.parameters():
+        for p in (model.net if static_graph else model).parameters():
             p.copy_(init[at:at + p.numel()].reshape(p.shape))
             at += p.numel()
     x = torch.from_numpy(np.fromfile(d / "x.bin", dtype="<f4").reshape(SAMPLES, 8))
     y = torch.from_numpy(np.fromfile(d / "y.bin", dtype="<i8"))
-    ddp = DDP(model)
+    ddp = DDP(model, static_graph=static_graph)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     scaler = (torch.amp.GradScaler("cpu", growth_interval=GROWTH_INTERVAL)
               if precision == "16-mixed" else None)
@@ -122,24 +139,30 @@ def driver(worker, d):
     d.mkdir(parents=True, exist_ok=True)
     write_inputs(d)
     finals = {}
-    for precision, k in RUNS:
+    for precision, k, static in RUNS:
         for f in list(d.glob("*_rank*.bin")) + list(d.glob("*_rank*.scaler")):
             f.unlink()
         # Python's own DDP is the reference: a rare crash of stock torch's gloo ranks ("terminate
         # called without an active exception", SIGABRT) is not loom's, so its side gets a
         # second attempt; loom's side gets one.
         torchrun(__file__, "--role", "python", "--dir", str(d), "--precision", precision,
-                 "--accumulate", str(k), attempts=2)
+                 "--accumulate", str(k), *(["--static-graph"] if static else []), attempts=2)
         torchrun("--no-python", worker, "parity", f"dir={d}", f"precision={precision}",
                  f"samples={SAMPLES}", f"epochs={EPOCHS}", f"batch={BATCH}", f"accumulate={k}",
-                 f"growth_interval={GROWTH_INTERVAL}")
+                 f"growth_interval={GROWTH_INTERVAL}", f"static_graph={int(static)}",
+                 f"unused={int(static)}")
         py = [np.fromfile(d / f"python_rank{r}.bin", dtype="<f4") for r in range(WORLD)]
         lm = [np.fromfile(d / f"loom_rank{r}.bin", dtype="<f4") for r in range(WORLD)]
         diff = max(float(np.abs(a - b).max()) for a, b in zip(py, lm))
         bitwise = all(np.array_equal(a.view("<u4"), b.view("<u4")) for a, b in zip(py, lm))
         ranks_equal = all(np.array_equal(lm[0], b) for b in lm[1:])
-        moved = float(np.abs(lm[0] - np.fromfile(d / "init.bin", dtype="<f4")).max())
+        init = np.fromfile(d / "init.bin", dtype="<f4")
+        moved = float(np.abs(lm[0][:init.size] - init).max())
+        if static and not np.all(lm[0][init.size:] == 0.5):
+            raise SystemExit("ddp_parity: the layer no forward uses changed")
         what = precision if k == 1 else f"{precision}, {k} micro-batches (no_sync)"
+        if static:
+            what += ", static_graph with a layer no forward uses"
         scaler = ""
         scaler_equal = True
         if precision == "16-mixed":
@@ -155,14 +178,14 @@ def driver(worker, d):
               f"ranks equal: {ranks_equal}, moved from init by up to {moved:.3g}{scaler}")
         if not (bitwise and ranks_equal and moved > 0 and scaler_equal):
             raise SystemExit(f"ddp_parity: {what} differs from Python's DDP")
-        finals[(precision, k)] = lm[0]
+        finals[(precision, k, static)] = lm[0]
     # The precisions really differ: bf16 autocast changes the result; so does accumulation.
-    if np.array_equal(finals[("32-true", 1)], finals[("bf16-mixed", 1)]):
+    if np.array_equal(finals[("32-true", 1, False)], finals[("bf16-mixed", 1, False)]):
         raise SystemExit("ddp_parity: bf16-mixed gave the 32-true result; autocast did not run")
-    if np.array_equal(finals[("32-true", 1)], finals[("32-true", 4)]):
+    if np.array_equal(finals[("32-true", 1, False)], finals[("32-true", 4, False)]):
         raise SystemExit("ddp_parity: 4 micro-batches gave the 1-batch result bit for bit")
     print("ddp parity: bf16-mixed and 32-true differ by up to "
-          f"{float(np.abs(finals[('32-true', 1)] - finals[('bf16-mixed', 1)]).max()):.3g}")
+          f"{float(np.abs(finals[('32-true', 1, False)] - finals[('bf16-mixed', 1, False)]).max()):.3g}")
 
 
 def main():
@@ -172,10 +195,11 @@ def main():
     ap.add_argument("--worker")
     ap.add_argument("--precision", default="32-true")
     ap.add_argument("--accumulate", type=int, default=1)
+    ap.add_argument("--static-graph", action="store_true")
     a = ap.parse_args()
     d = Path(a.dir).resolve()
     if a.role == "python":
-        python_side(d, a.precision, a.accumulate)
+        python_side(d, a.precision, a.accumulate, a.static_graph)
     else:
         driver(a.worker, d)
 

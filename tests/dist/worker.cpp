@@ -352,13 +352,15 @@ int run_parity_with() {
   const std::string dir = arg("dir", ".");
   const int n = iarg("samples", 0), epochs = iarg("epochs", 2), batch = iarg("batch", 8);
   const int k = iarg("accumulate", 1);
-  auto rt = [] {
+  loom::DdpOptions ddp_options;
+  ddp_options.static_graph = iarg("static_graph", 0) != 0;
+  auto rt = [&] {
     if constexpr (std::is_same_v<P, loom::Fp16Mixed>) {
       loom::amp::GradScalerOptions o;
       o.growth_interval = iarg("growth_interval", 2000);
-      return loom::Runtime<loom::Cpu, P, loom::Ddp>(loom::Cpu(), P(o));
+      return loom::Runtime<loom::Cpu, P, loom::Ddp>(loom::Cpu(), P(o), loom::Ddp(ddp_options));
     } else {
-      return loom::Runtime<loom::Cpu, P, loom::Ddp>();
+      return loom::Runtime<loom::Cpu, P, loom::Ddp>(loom::Cpu(), P(), loom::Ddp(ddp_options));
     }
   }();
   auto& s = rt.strategy();
@@ -372,6 +374,12 @@ int run_parity_with() {
       p.copy_(torch::from_blob(init.data() + at, p.sizes(), torch::kFloat));
       at += numel;
     }
+  }
+  if (iarg("unused", 0) != 0) {
+    // A layer that no forward uses (Sequential's forward runs only what push_back added).
+    auto unused = model->register_module("unused", torch::nn::Linear(4, 4));
+    torch::NoGradGuard g;
+    for (auto& p : unused->parameters()) p.fill_(0.5);
   }
   auto xs = read_raw<float>(dir + "/x.bin", static_cast<std::size_t>(n) * 8);
   auto ys = read_raw<std::int64_t>(dir + "/y.bin", static_cast<std::size_t>(n));

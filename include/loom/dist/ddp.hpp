@@ -54,6 +54,11 @@ struct DdpOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   /// Search the graph of each loss for parameters that get no gradient (a slower backward).
   bool find_unused_parameters = false;
+  /// Python's static_graph=True: the set of parameters that get a gradient, and the order in
+  /// which they do, is the same in every iteration. The reducer learns both in the first
+  /// iteration (all-reduced once, after the whole backward pass) and then skips the search
+  /// find_unused_parameters makes; parameters unused in every step are fine without it.
+  bool static_graph = false;
   /// Gradients become views into the all-reduce buckets (saves a copy and memory).
   bool gradient_as_bucket_view = false;
   /// Bucket size in MiB after the first iteration; unset: 25 MiB, with a 1 MiB first bucket.
