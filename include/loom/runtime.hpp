@@ -32,7 +32,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
-#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <loom/batch/walk.hpp>

@@ -31,7 +31,6 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
-#include <torch/data/example.h>
 #include <boost/hana/accessors.hpp>
 #include <boost/hana/concept/struct.hpp>
 #include <boost/hana/for_each.hpp>

@@ -16,13 +16,19 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
-#include <torch/data/example.h>
 #include <boost/hana/accessors.hpp>
 #include <boost/hana/concept/struct.hpp>
 #include <boost/hana/unpack.hpp>
 
 #include <loom/batch/adapt.hpp>
 #include <loom/detail/meta.hpp>
+
+// torch::data::Example, declared rather than included: <torch/data/example.h> brings
+// torch/types.h and with it ATen/ATen.h; code that holds an Example has included it.
+namespace torch::data {
+template <typename Data, typename Target>
+struct Example;
+}  // namespace torch::data
 
 namespace loom::detail {
 

@@ -6,9 +6,11 @@
 #include <type_traits>
 #include <utility>
 
-#include <torch/nn/module.h>
-
 #include <loom/error.hpp>
+
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
 
 namespace loom::detail {
 
