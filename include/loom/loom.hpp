@@ -1,6 +1,9 @@
 #pragma once
 // Every public loom header; declares nothing itself (the short names loom::Cpu, loom::Fp32, ...
-// come with their types).
+// come with their types). With them LibTorch's torch::data::Example, which batch/walk.hpp maps
+// but only declares (the header that defines it brings all of ATen).
+#include <torch/data/example.h>
+
 #include <loom/amp/autocast.hpp>
 #include <loom/amp/grad_scaler.hpp>
 #include <loom/batch/adapt.hpp>
