@@ -123,8 +123,14 @@ def main():
           "executes more), are listed below; they are inlining differences (the same ATen "
           "calls attributed to a loom frame instead of the caller) rather than extra work:")
         w("")
+        def symbol(name):
+            # Function names as `f()` (Doxygen, which builds docs/ into the API reference,
+            # reads a bare `..._::call` as a link request); an unnamed frame as (unnamed).
+            base = name.split("(")[0]
+            return f"`{base}()`" if base else "(unnamed)"
+
         for r in cg["results"]:
-            top = ", ".join(f"`{d['function'].split('(')[0]}` {d['loom_minus_hand']:+,.0f}"
+            top = ", ".join(f"{symbol(d['function'])} {d['loom_minus_hand']:+,.0f}"
                             for d in r["largest_exclusive_deltas_per_step"][:4])
             w(f"- {r['precision']}: {top}")
         w("")
