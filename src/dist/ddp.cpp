@@ -80,6 +80,10 @@ bool is_communication_error(std::exception_ptr error) {
   }
 }
 
+/// Whether each backward searches the loss's graph for unused parameters: Python's
+/// find_unused_parameters and not static_graph (a static graph learns them once).
+bool searches_unused(const DdpOptions& o) { return o.find_unused_parameters && !o.static_graph; }
+
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::Max:
@@ -452,11 +456,10 @@ void build_reducer(detail::DdpState& s, ReducedParameters reduced) {
   const std::int64_t first_cap =
       s.options.bucket_cap_mb ? cap : std::int64_t{c10d::kDefaultFirstBucketBytes};
   std::vector<std::size_t> limits =
-      s.options.find_unused_parameters && !s.options.static_graph
-          ? std::vector<std::size_t>{static_cast<std::size_t>(first_cap),
-                                     static_cast<std::size_t>(cap)}
-          : std::vector<std::size_t>{
-                static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max())};
+      searches_unused(s.options) ? std::vector<std::size_t>{static_cast<std::size_t>(first_cap),
+                                                            static_cast<std::size_t>(cap)}
+                                 : std::vector<std::size_t>{static_cast<std::size_t>(
+                                       std::numeric_limits<std::int64_t>::max())};
   std::vector<bool> sparse(reduced.params.size(), false);
   auto buckets =
       std::get<0>(c10d::compute_bucket_assignment_by_size(reduced.params, limits, sparse));
@@ -532,9 +535,8 @@ void Ddp::prepare_backward(const at::Tensor& loss) {
   }
   s.forward_param_sync = true;
   try {
-    const bool search = s.options.find_unused_parameters && !s.options.static_graph;
-    s.reducer->prepare_for_backward(search ? std::vector<at::Tensor>{loss}
-                                           : std::vector<at::Tensor>{});
+    s.reducer->prepare_for_backward(searches_unused(s.options) ? std::vector<at::Tensor>{loss}
+                                                               : std::vector<at::Tensor>{});
     // A static graph's first backward: the reducer only records which gradients arrive, and
     // all-reduces every bucket once the whole pass is done (Python's _DDPSink queues the same
     // callback from the backward of the forward's outputs; here from the loss's gradient).
