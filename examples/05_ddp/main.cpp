@@ -3,7 +3,7 @@
 //
 //   torchrun --nproc-per-node=2 --no-python ddp --data build/data/fashion-mnist
 //            [--device cpu] [--precision 32-true] [--epochs 1] [--max-steps N]
-//            [--batch-size 64] [--lr 1e-3] [--accumulate 1]
+//            [--batch-size 64] [--lr 1e-3] [--accumulate 1] [--comm-hook none]
 //
 // Also runs started by hand (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set on every rank),
 // and as one process with none of them set. loom::Ddp reads torchrun's environment, connects
@@ -46,6 +46,7 @@ struct Options {
   int64_t batch_size = 64;
   double lr = 1e-3;
   int64_t accumulate = 1;
+  std::string comm_hook = "none";
 };
 
 auto dataset(const std::string& root, torch::data::datasets::MNIST::Mode mode) {
@@ -78,7 +79,8 @@ double train_and_evaluate(RT& rt, const Options& o) {
       s, "training on " + std::to_string(s.world_size()) + " rank(s), " +
              std::to_string(shard.num_samples()) + " of " + std::to_string(n_train) +
              " images each, " + std::string(RT::precision_name()) + " on " +
-             std::string(rt.device().name()) + ", backend " + std::string(s.backend()));
+             std::string(rt.device().name()) + ", backend " + std::string(s.backend()) +
+             ", comm hook " + o.comm_hook);
   const auto per_epoch =
       static_cast<int64_t>((shard.num_samples() + o.batch_size - 1) / o.batch_size);
   int64_t total_steps = o.epochs * per_epoch;
@@ -151,6 +153,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-steps", o.max_steps, "stop after this many steps (-1: no limit)");
   app.add_option("--batch-size", o.batch_size, "per rank")->check(CLI::PositiveNumber);
   app.add_option("--lr", o.lr, "Adam's learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--comm-hook", o.comm_hook,
+                 "how each gradient bucket is all-reduced: none (the reducer's fp32 average), "
+                 "fp16 or bf16 (compressed to 16 bits on the wire, like Python DDP's hooks)")
+      ->check(CLI::IsMember({"none", "fp16", "bf16"}));
   app.add_option("--accumulate", o.accumulate,
                  "micro-batches per step: each batch is cut into K, the first K - 1 backwards "
                  "skip the all-reduce (rt.no_backward_sync), the last reduces their sum")
@@ -160,10 +166,15 @@ int main(int argc, char** argv) {
   try {
     torch::manual_seed(0);
     int rank = 0;
-    double accuracy = loom::with_runtime<loom::Ddp>(o.device, o.precision, [&](auto& rt) {
-      rank = rt.strategy().rank();
-      return train_and_evaluate(rt, o);
-    });
+    loom::DdpOptions ddp;
+    ddp.comm_hook = loom::CommHook::parse(o.comm_hook);
+    double accuracy = loom::with_runtime(
+        o.device, o.precision,
+        [&](auto& rt) {
+          rank = rt.strategy().rank();
+          return train_and_evaluate(rt, o);
+        },
+        loom::RuntimeOptions{}, loom::Ddp(ddp));
     bool learned = accuracy >= 0.70;
     if (rank == 0) {
       std::printf("test accuracy %.2f%% over all ranks: %s\n", 100 * accuracy,

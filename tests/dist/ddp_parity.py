@@ -7,8 +7,10 @@ final parameters are compared bit for bit, with Python's and across ranks. Then 
 accumulation: each batch cut into 4 micro-batches (tensor_split), the first 3 backwards under
 DDP's no_sync() (loom: rt.no_backward_sync), the loss divided by 4, one step; in 32-true,
 bf16-mixed and 16-mixed (a GradScaler with growth_interval 3 on both sides, whose scale and
-growth tracker must be equal too). Last, static_graph=True on a model with a layer that no
-forward uses.
+growth tracker must be equal too). Then static_graph=True on a model with a layer that no
+forward uses. Last, the communication hooks: c10d's builtin FP16_COMPRESS, Python's
+bf16_compress_hook (loom's own copy of its arithmetic) and a user's hook (loom: a
+c10d::CppCommHookInterface; Python: default_hooks.allreduce_hook).
 
 Usage: python ddp_parity.py --worker BIN --dir DIR     (the driver)
        torchrun ... ddp_parity.py --role python --dir DIR --precision P   (Python's side)
@@ -24,9 +26,12 @@ import numpy as np
 import torch
 
 SAMPLES, EPOCHS, BATCH, WORLD = 96, 2, 8, 2
-# (precision, micro-batches per step, static_graph with a layer no forward uses)
-RUNS = [("32-true", 1, False), ("bf16-mixed", 1, False), ("32-true", 4, False),
-        ("bf16-mixed", 4, False), ("16-mixed", 4, False), ("32-true", 1, True)]
+# (precision, micro-batches per step, static_graph with a layer no forward uses, comm hook)
+RUNS = [("32-true", 1, False, "none"), ("bf16-mixed", 1, False, "none"),
+        ("32-true", 4, False, "none"), ("bf16-mixed", 4, False, "none"),
+        ("16-mixed", 4, False, "none"), ("32-true", 1, True, "none"),
+        ("32-true", 1, False, "fp16"), ("32-true", 4, False, "bf16"),
+        ("bf16-mixed", 1, False, "user")]
 GROWTH_INTERVAL = 3  # 16-mixed: the scale grows (and backs off) within the run
 
 
@@ -58,7 +63,7 @@ def write_inputs(d):
     torch.randint(0, 4, (SAMPLES,)).numpy().astype("<i8").tofile(d / "y.bin")
 
 
-def python_side(d, precision, accumulate, static_graph):
+def python_side(d, precision, accumulate, static_graph, hook):
     import contextlib
 
     import torch.distributed as dist
@@ -78,6 +83,13 @@ def python_side(d, precision, accumulate, static_graph):
     x = torch.from_numpy(np.fromfile(d / "x.bin", dtype="<f4").reshape(SAMPLES, 8))
     y = torch.from_numpy(np.fromfile(d / "y.bin", dtype="<i8"))
     ddp = DDP(model, static_graph=static_graph)
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    if hook == "fp16":
+        ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+    elif hook == "bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif hook == "user":
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     scaler = (torch.amp.GradScaler("cpu", growth_interval=GROWTH_INTERVAL)
               if precision == "16-mixed" else None)
@@ -139,18 +151,19 @@ def driver(worker, d):
     d.mkdir(parents=True, exist_ok=True)
     write_inputs(d)
     finals = {}
-    for precision, k, static in RUNS:
+    for precision, k, static, hook in RUNS:
         for f in list(d.glob("*_rank*.bin")) + list(d.glob("*_rank*.scaler")):
             f.unlink()
         # Python's own DDP is the reference: a rare crash of stock torch's gloo ranks ("terminate
         # called without an active exception", SIGABRT) is not loom's, so its side gets a
         # second attempt; loom's side gets one.
         torchrun(__file__, "--role", "python", "--dir", str(d), "--precision", precision,
-                 "--accumulate", str(k), *(["--static-graph"] if static else []), attempts=2)
+                 "--accumulate", str(k), "--comm-hook", hook, *(["--static-graph"] if static else []),
+                 attempts=2)
         torchrun("--no-python", worker, "parity", f"dir={d}", f"precision={precision}",
                  f"samples={SAMPLES}", f"epochs={EPOCHS}", f"batch={BATCH}", f"accumulate={k}",
                  f"growth_interval={GROWTH_INTERVAL}", f"static_graph={int(static)}",
-                 f"unused={int(static)}")
+                 f"unused={int(static)}", f"comm_hook={hook}")
         py = [np.fromfile(d / f"python_rank{r}.bin", dtype="<f4") for r in range(WORLD)]
         lm = [np.fromfile(d / f"loom_rank{r}.bin", dtype="<f4") for r in range(WORLD)]
         diff = max(float(np.abs(a - b).max()) for a, b in zip(py, lm))
@@ -163,6 +176,8 @@ def driver(worker, d):
         what = precision if k == 1 else f"{precision}, {k} micro-batches (no_sync)"
         if static:
             what += ", static_graph with a layer no forward uses"
+        if hook != "none":
+            what += f", comm hook {hook}"
         scaler = ""
         scaler_equal = True
         if precision == "16-mixed":
@@ -178,14 +193,24 @@ def driver(worker, d):
               f"ranks equal: {ranks_equal}, moved from init by up to {moved:.3g}{scaler}")
         if not (bitwise and ranks_equal and moved > 0 and scaler_equal):
             raise SystemExit(f"ddp_parity: {what} differs from Python's DDP")
-        finals[(precision, k, static)] = lm[0]
-    # The precisions really differ: bf16 autocast changes the result; so does accumulation.
-    if np.array_equal(finals[("32-true", 1, False)], finals[("bf16-mixed", 1, False)]):
-        raise SystemExit("ddp_parity: bf16-mixed gave the 32-true result; autocast did not run")
-    if np.array_equal(finals[("32-true", 1, False)], finals[("32-true", 4, False)]):
-        raise SystemExit("ddp_parity: 4 micro-batches gave the 1-batch result bit for bit")
-    print("ddp parity: bf16-mixed and 32-true differ by up to "
-          f"{float(np.abs(finals[('32-true', 1, False)] - finals[('bf16-mixed', 1, False)]).max()):.3g}")
+        finals[(precision, k, static, hook)] = lm[0]
+    # The variants really differ: bf16 autocast changes the result; so do accumulation and the
+    # compressing hooks (a user's hook with the reducer's arithmetic does not).
+    def differ(a, b, why):
+        if np.array_equal(finals[a], finals[b]):
+            raise SystemExit(f"ddp_parity: {why}")
+        return float(np.abs(finals[a] - finals[b]).max())
+    plain, bf16 = ("32-true", 1, False, "none"), ("bf16-mixed", 1, False, "none")
+    d_bf16 = differ(plain, bf16, "bf16-mixed gave the 32-true result; autocast did not run")
+    differ(plain, ("32-true", 4, False, "none"), "4 micro-batches gave the 1-batch result")
+    d_fp16 = differ(plain, ("32-true", 1, False, "fp16"), "the fp16 hook changed nothing")
+    d_bhook = differ(("32-true", 4, False, "none"), ("32-true", 4, False, "bf16"),
+                     "the bf16 hook changed nothing")
+    if not np.array_equal(finals[bf16], finals[("bf16-mixed", 1, False, "user")]):
+        raise SystemExit("ddp_parity: the user's all-reduce hook differs from the reducer's")
+    print(f"ddp parity: bf16-mixed and 32-true differ by up to {d_bf16:.3g}; the fp16 hook "
+          f"moves 32-true by up to {d_fp16:.3g}, the bf16 hook (4 micro-batches) by {d_bhook:.3g}; "
+          "the user's all-reduce hook equals the default bit for bit")
 
 
 def main():
@@ -196,10 +221,11 @@ def main():
     ap.add_argument("--precision", default="32-true")
     ap.add_argument("--accumulate", type=int, default=1)
     ap.add_argument("--static-graph", action="store_true")
+    ap.add_argument("--comm-hook", default="none")
     a = ap.parse_args()
     d = Path(a.dir).resolve()
     if a.role == "python":
-        python_side(d, a.precision, a.accumulate, a.static_graph)
+        python_side(d, a.precision, a.accumulate, a.static_graph, a.comm_hook)
     else:
         driver(a.worker, d)
 

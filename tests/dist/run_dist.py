@@ -164,6 +164,13 @@ def case_no_sync(worker, tmp):
     return f"2 ranks, {t:.1f} s"
 
 
+def case_hooks(worker, tmp):
+    res, t = run_ranks(worker, "hooks", 2, 120, tmp)
+    expect(res, 0, "hooks: buckets reduced per step k=1: 1 4 4; k=2: 4 4 4; k=4: 4 4 4 "
+                   "(each once), params equal")
+    return f"2 ranks, a counting user hook, k = 1, 2, 4, {t:.1f} s"
+
+
 def case_scaler(worker, tmp):
     res, t = run_ranks(worker, "scaler", 2, 120, tmp)
     expect(res, 0, "scaler: skipped together yes, state equal yes")
@@ -286,7 +293,7 @@ def case_cuda(worker, tmp, backend, world):
 
 CASES = {
     "train": case_train, "torchrun": case_torchrun, "nnodes": case_nnodes,
-    "collectives": case_collectives, "no_sync": case_no_sync, "scaler": case_scaler,
+    "collectives": case_collectives, "no_sync": case_no_sync, "hooks": case_hooks, "scaler": case_scaler,
     "fp8": case_fp8,
     "shapes": case_shapes, "unused": case_unused, "env": case_env, "port": case_port,
     "lone": case_lone,

@@ -3,12 +3,13 @@
 //
 //   loom_dist_worker <mode> [key=value ...]
 //
-// Modes: train, collectives, no_sync, scaler, fp8, fault, shapes, unused, parity, cuda (a GPU:
+// Modes: train, collectives, no_sync, hooks, scaler, fp8, fault, shapes, unused, parity, cuda (a GPU:
 // backend=nccl|gloo, gpu=<index>). Every rank prints
 // "rank R/W: ..." lines; a loom::Error ends the rank with exit code 3 after printing
 // "rank R/W: loom::Error: <what>".
 #include <unistd.h>
 #include <csignal>
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -26,6 +28,8 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include <loom/dist/ddp.hpp>
 #include <loom/dist/rank_zero.hpp>
@@ -66,6 +70,38 @@ bool same_on_all_ranks(S& strategy, const torch::Tensor& t) {
     if (!torch::equal(other, all[0])) return false;
   }
   return true;
+}
+
+/// The buckets a hook reduced: each call's bucket index, and how many were the last.
+struct HookCalls {
+  std::vector<std::size_t> indices;
+  int last = 0;
+};
+
+/// A user's communication hook: Python's allreduce_hook (default_hooks.py: the bucket divided
+/// by the world size, then a sum all-reduce), counting the buckets it reduces.
+class CountingHook final
+    : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
+ public:
+  CountingHook(const c10::intrusive_ptr<c10d::ProcessGroup>& group, std::shared_ptr<HookCalls> calls)
+      : CppCommHookInterface(group), calls_(std::move(calls)) {}
+
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    calls_->indices.push_back(bucket.getIndex());
+    if (bucket.isLast()) ++calls_->last;
+    std::vector<at::Tensor> tensors{bucket.getBufferRef()};
+    tensors[0].div_(state_->getSize());
+    return state_->allreduce(tensors)->getFuture();
+  }
+
+ private:
+  std::shared_ptr<HookCalls> calls_;
+};
+
+loom::CommHook counting_hook(std::shared_ptr<HookCalls> calls) {
+  return loom::CommHook::user("allreduce_hook", [calls](const auto& group) {
+    return std::make_unique<CountingHook>(group, calls);
+  });
 }
 
 template <class R>
@@ -193,6 +229,59 @@ int run_no_sync() {
       ", accumulated grads max|diff| " + std::to_string(diff));
   rt.teardown();
   return first_local && diff < 1e-12 ? 0 : 1;
+}
+
+/// Gradient accumulation counted by a communication hook: for k = 1, 2, 4 micro-batches per
+/// step, every step reduces each bucket exactly once (one bucket in the first iteration, then
+/// one per parameter: bucket_cap_mb is tiny), with one last bucket, whatever k is.
+int run_hooks() {
+  auto calls = std::make_shared<HookCalls>();
+  loom::DdpOptions o;
+  o.bucket_cap_mb = 1e-6;
+  o.comm_hook = counting_hook(calls);
+  loom::Runtime<loom::Cpu, loom::Fp32, loom::Ddp> rt(loom::Cpu{}, loom::Fp32{}, loom::Ddp(o));
+  torch::manual_seed(11);
+  auto model = mlp(8, 16, 4);
+  torch::optim::SGD opt(model->parameters(), 0.05);
+  rt.setup(model, opt);
+  auto& s = rt.strategy();
+  const std::size_t params = model->parameters().size();
+  bool ok = true;
+  std::string seen;
+  int step = 0;
+  for (int k : {1, 2, 4}) {
+    if (!seen.empty()) seen += "; ";
+    seen += "k=";
+    seen += std::to_string(k);
+    seen += ":";
+    for (int i = 0; i < 3; ++i, ++step) {
+      torch::manual_seed(100 * step + s.rank());
+      auto micro = loom::split_microbatches(
+          std::make_tuple(torch::randn({8, 8}), torch::randint(0, 4, {8}, torch::kLong)), k);
+      calls->indices.clear();
+      calls->last = 0;
+      opt.zero_grad();
+      for (int j = 0; j < k; ++j) {
+        auto scope = rt.no_backward_sync(model, j + 1 < k);
+        const auto& [x, y] = micro[static_cast<std::size_t>(j)];
+        rt.backward(torch::nn::functional::cross_entropy(rt.forward(model, x), y) / k, model);
+      }
+      rt.optimizer_step(opt);
+      const std::size_t buckets = step == 0 ? 1 : params;
+      auto sorted = calls->indices;
+      std::sort(sorted.begin(), sorted.end());
+      bool once = sorted.size() == buckets && calls->last == 1;
+      for (std::size_t b = 0; once && b < buckets; ++b) once = sorted[b] == b;
+      ok = ok && once;
+      seen += ' ';
+      seen += std::to_string(calls->indices.size());
+    }
+  }
+  const bool equal = same_on_all_ranks(s, flat_params(*model));
+  say("hooks: buckets reduced per step " + seen + (ok ? " (each once)" : " (WRONG)") +
+      ", params " + (equal ? "equal" : "DIFFER"));
+  rt.teardown();
+  return ok && equal ? 0 : 1;
 }
 
 /// 16-mixed under DDP: a non-finite loss on one rank makes every rank skip the step, and the
@@ -354,6 +443,9 @@ int run_parity_with() {
   const int k = iarg("accumulate", 1);
   loom::DdpOptions ddp_options;
   ddp_options.static_graph = iarg("static_graph", 0) != 0;
+  const std::string hook = arg("comm_hook", "none");
+  ddp_options.comm_hook = hook == "user" ? counting_hook(std::make_shared<HookCalls>())
+                                         : loom::CommHook::parse(hook);
   auto rt = [&] {
     if constexpr (std::is_same_v<P, loom::Fp16Mixed>) {
       loom::amp::GradScalerOptions o;
@@ -449,6 +541,7 @@ int main(int argc, char** argv) {
     if (mode == "train" || mode == "fault") return run_train();
     if (mode == "collectives") return run_collectives();
     if (mode == "no_sync") return run_no_sync();
+    if (mode == "hooks") return run_hooks();
     if (mode == "scaler") return run_scaler();
     if (mode == "fp8") return run_fp8();
     if (mode == "shapes") return run_shapes();

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include <loom/checkpoint/checkpoint_io.hpp>
 #include <loom/concepts/strategy.hpp>
@@ -24,6 +26,10 @@
 namespace torch::nn {
 class Module;
 }
+namespace c10d {
+class CommHookInterface;
+class ProcessGroup;
+}  // namespace c10d
 
 namespace loom::dist {
 
@@ -47,6 +53,60 @@ struct Environment {
 /// MASTER_ADDR/MASTER_PORT with WORLD_SIZE > 1 throws loom::Error naming the variable.
 Environment read_environment();
 
+/// How the reducer reduces each bucket of gradients: Python DDP's communication hooks
+/// (register_comm_hook, _register_builtin_comm_hook), registered by Ddp::setup before the
+/// first forward.
+///
+///   hook              each bucket's gradients (fp32 here)            Python's counterpart
+///   all_reduce()      divided by the world size while copied into    no hook (the default)
+///                     the bucket, then a sum all-reduce
+///   fp16_compress()   cast to fp16, divided by the world size (in    _register_builtin_comm_hook(
+///                     fp16), all-reduced in fp16, copied back         BuiltinCommHookType.FP16_COMPRESS)
+///   bf16_compress()   the same in bf16: buffer.to(bf16).div_(world), register_comm_hook(None,
+///                     sum all-reduce, copied back into the bucket     bf16_compress_hook)
+///   user(name, make)  whatever the c10d::CommHookInterface that      register_comm_hook(state, hook)
+///                     `make` builds for the group does
+///
+/// The compressing hooks halve the bytes on the wire and round every gradient to 16 bits: the
+/// division comes before the all-reduce (the sum of the ranks' shares cannot overflow where
+/// each share does not), so the result is the rounded average, not the average rounded once.
+class CommHook {
+ public:
+  /// Builds a user's hook for the run's process group. The hook derives from
+  /// c10d::CppCommHookInterface<State> (torch/csrc/distributed/c10d/comm.hpp); its runHook
+  /// gets each bucket (c10d::GradBucket) once per synchronized backward and returns a future
+  /// whose value is the bucket's reduced gradients, the average over the ranks.
+  using Factory = std::function<std::unique_ptr<c10d::CommHookInterface>(
+      const c10::intrusive_ptr<c10d::ProcessGroup>& group)>;
+  enum class Kind { AllReduce, Fp16Compress, Bf16Compress, User };
+
+  /// The default: the reducer's own averaging all-reduce.
+  CommHook() = default;
+  static CommHook all_reduce() { return {}; }
+  static CommHook fp16_compress() { return CommHook(Kind::Fp16Compress, "fp16_compress", {}); }
+  static CommHook bf16_compress() { return CommHook(Kind::Bf16Compress, "bf16_compress", {}); }
+  /// A user's hook, named for DDP's logging data and error messages; an empty `make` is a
+  /// loom::Error.
+  static CommHook user(std::string name, Factory make);
+  /// A command line's choice: "none" (or "allreduce"), "fp16", "bf16"; anything else is a
+  /// loom::Error listing these.
+  static CommHook parse(std::string_view name);
+
+  Kind kind() const { return kind_; }
+  /// "allreduce", "fp16_compress", "bf16_compress" or the user's name.
+  const std::string& name() const { return name_; }
+  /// The user's factory (Kind::User); empty otherwise.
+  const Factory& factory() const { return make_; }
+
+ private:
+  CommHook(Kind kind, std::string name, Factory make)
+      : kind_(kind), name_(std::move(name)), make_(std::move(make)) {}
+
+  Kind kind_ = Kind::AllReduce;
+  std::string name_ = "allreduce";
+  Factory make_;
+};
+
 /// Ddp's settings; the defaults are Python DistributedDataParallel's.
 struct DdpOptions {
   /// One timeout for the rendezvous (the TCPStore) and for every collective of the group:
@@ -67,6 +127,8 @@ struct DdpOptions {
   bool broadcast_buffers = true;
   /// The backend, when not the device's ddp_backend(): "gloo" on a Cuda device, say.
   std::optional<std::string> backend;
+  /// How each bucket is reduced (CommHook above); the reducer's all-reduce by default.
+  CommHook comm_hook;
 };
 
 namespace detail {
@@ -176,6 +238,7 @@ class Ddp {
 }  // namespace loom::dist
 
 namespace loom {
+using dist::CommHook;
 using dist::Ddp;
 using dist::DdpOptions;
 }  // namespace loom
