@@ -224,10 +224,14 @@ def case_env(worker, tmp):
         (dict(RANK=0, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1"), "but MASTER_PORT is not set"),
         (dict(RANK="one", WORLD_SIZE=2), 'RANK is "one", not a whole number'),
         (dict(WORLD_SIZE=0), "WORLD_SIZE is \"0\""),
+        # Bad communication hooks, before any environment is read.
+        (dict(hook="fp8"), 'unknown communication hook "fp8"; choose none, fp16 or bf16'),
+        (dict(hook="empty"), 'loom::CommHook::user("mine"): the factory is empty'),
     ]
     for env, needle in checks:
         log = open(tmp / "env.log", "w+b")
-        res, _ = wait_all([start([worker, "env"], base_env(**env), log)], [log], 30)
+        args = [f"hook={env.pop('hook')}"] if "hook" in env else []
+        res, _ = wait_all([start([worker, "env", *args], base_env(**env), log)], [log], 30)
         rc, text = res[0]
         if rc != 3 or needle not in text:
             raise Failure(f"env {env}: exit {rc}, output {text!r}; expected {needle!r}")
@@ -235,7 +239,7 @@ def case_env(worker, tmp):
     res, _ = wait_all([start([worker, "env"], base_env(), log)], [log], 30)
     if res[0][0] != 0:
         raise Failure("no torchrun variables: expected a one-process Ddp")
-    return f"{len(checks)} bad environments refused, none set accepted"
+    return f"{len(checks)} bad environments and hooks refused, none set accepted"
 
 
 def case_port(worker, tmp):

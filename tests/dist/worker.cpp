@@ -549,7 +549,11 @@ int main(int argc, char** argv) {
     if (mode == "parity") return run_parity();
     if (mode == "cuda") return run_cuda();
     if (mode == "env") {
-      loom::Ddp ddp;
+      const std::string hook = arg("hook", "none");
+      if (hook == "empty") (void)loom::CommHook::user("mine", {});
+      loom::DdpOptions o;
+      o.comm_hook = loom::CommHook::parse(hook);
+      loom::Ddp ddp(o);
       say("env ok");
       return 0;
     }
