@@ -75,12 +75,12 @@ double train_and_evaluate(RT& rt, const Options& o) {
   auto train_set = dataset(o.data, Mode::kTrain);
   const auto n_train = *train_set.size();
   const loom::DistributedSampler shard(n_train, s);
-  loom::dist::rank_zero_print(
-      s, "training on " + std::to_string(s.world_size()) + " rank(s), " +
-             std::to_string(shard.num_samples()) + " of " + std::to_string(n_train) +
-             " images each, " + std::string(RT::precision_name()) + " on " +
-             std::string(rt.device().name()) + ", backend " + std::string(s.backend()) +
-             ", comm hook " + o.comm_hook);
+  loom::dist::rank_zero_print(s, "training on " + std::to_string(s.world_size()) + " rank(s), " +
+                                     std::to_string(shard.num_samples()) + " of " +
+                                     std::to_string(n_train) + " images each, " +
+                                     std::string(RT::precision_name()) + " on " +
+                                     std::string(rt.device().name()) + ", backend " +
+                                     std::string(s.backend()) + ", comm hook " + o.comm_hook);
   const auto per_epoch =
       static_cast<int64_t>((shard.num_samples() + o.batch_size - 1) / o.batch_size);
   int64_t total_steps = o.epochs * per_epoch;

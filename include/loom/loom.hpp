@@ -27,6 +27,7 @@
 #include <loom/device/prefetch.hpp>
 #include <loom/device/rng.hpp>
 #include <loom/device/select.hpp>
+#include <loom/dist/collectives.hpp>
 #include <loom/dist/ddp.hpp>
 #include <loom/dist/defaults.hpp>
 #include <loom/dist/rank_zero.hpp>

@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <limits>
 #include <memory>
@@ -20,6 +21,7 @@
 #include <c10/util/StringUtil.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/generated/variable_factories.h>
+#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/nn/module.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -153,6 +155,8 @@ Environment read_environment() {
                 std::to_string(e.world_size) + "; RANK must be from 0 to WORLD_SIZE - 1");
   }
   e.local_rank = loom::detail::parse_env_index(local, who, "LOCAL_RANK", INT_MAX).value_or(0);
+  e.node_rank =
+      loom::detail::parse_env_index(env("GROUP_RANK"), who, "GROUP_RANK", INT_MAX).value_or(0);
   if (addr) e.master_addr = addr;
   if (port) e.master_port = loom::detail::parse_env_index(port, who, "MASTER_PORT", 65535).value();
   if (e.world_size > 1 && (!addr || e.master_addr.empty() || !port)) {
@@ -254,6 +258,7 @@ Ddp::~Ddp() {
 int Ddp::rank() const { return state_->env.rank; }
 int Ddp::world_size() const { return state_->env.world_size; }
 int Ddp::local_rank() const { return state_->env.local_rank; }
+int Ddp::node_rank() const { return state_->env.node_rank; }
 const Environment& Ddp::environment() const { return state_->env; }
 const DdpOptions& Ddp::options() const { return state_->options; }
 std::string_view Ddp::backend() const { return state_->backend; }
@@ -633,7 +638,13 @@ void require_group(const detail::DdpState& s, std::string_view what) {
 }
 }  // namespace
 
-void Ddp::barrier() {
+void Ddp::barrier() { barrier_named("a barrier"); }
+
+void Ddp::barrier(std::string_view name) {
+  barrier_named("the barrier \"" + std::string(name) + "\"");
+}
+
+void Ddp::barrier_named(std::string_view what) {
   auto& s = *state_;
   require_group(s, "barrier");
   if (!s.group) return;
@@ -644,7 +655,7 @@ void Ddp::barrier() {
     }
     s.group->barrier(o)->wait();
   } catch (...) {
-    fail("a barrier", std::current_exception());
+    fail(what, std::current_exception());
   }
 }
 
@@ -705,6 +716,44 @@ std::vector<at::Tensor> Ddp::all_gather(const at::Tensor& t) {
     fail("all_gather", std::current_exception());
   }
   return out[0];
+}
+
+c10::IValue Ddp::broadcast_ivalue(const c10::IValue& value, int src) {
+  auto& s = *state_;
+  require_group(s, "broadcast_object");
+  if (src < 0 || src >= s.env.world_size) {
+    throw Error("loom::Ddp::broadcast_object: source rank " + std::to_string(src) +
+                " is not in [0, " + std::to_string(s.env.world_size - 1) + "]");
+  }
+  if (!s.group) return value;
+  std::vector<char> bytes;
+  if (s.env.rank == src) bytes = torch::jit::pickle_save(value);
+  const auto on_device = at::TensorOptions().device(s.device);
+  at::Tensor size =
+      at::full({1}, static_cast<std::int64_t>(bytes.size()), on_device.dtype(at::kLong));
+  broadcast(size, src);
+  const auto n = size.cpu().item<std::int64_t>();
+  at::Tensor data = at::empty({n}, at::TensorOptions().dtype(at::kByte));
+  if (s.env.rank == src) std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
+  data = data.to(s.device);
+  broadcast(data, src);
+  if (s.env.rank == src) return value;
+  data = data.cpu();
+  const auto* first = static_cast<const char*>(data.data_ptr());
+  return torch::jit::pickle_load(std::vector<char>(first, first + n));
+}
+
+std::string Ddp::broadcast_object(const std::string& value, int src) {
+  return broadcast_ivalue(c10::IValue(value), src).toStringRef();
+}
+
+StateDict Ddp::broadcast_object(const StateDict& value, int src) {
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [key, v] : value) dict.insert(key, v);
+  auto got = broadcast_ivalue(c10::IValue(dict), src).toGenericDict();
+  StateDict out;
+  for (const auto& item : got) out.emplace(item.key().toStringRef(), item.value());
+  return out;
 }
 
 void Ddp::save_checkpoint(const std::filesystem::path& path, const c10::IValue& value,

@@ -144,6 +144,9 @@ def case_nnodes(worker, tmp):
     text = "".join(r[1] for r in res)
     if any(r[0] != 0 for r in res) or text.count("params equal after 4 steps") != 4:
         raise Failure("expected 4 ranks over two torchrun agents to report equal params")
+    for r in range(4):  # torchrun's GROUP_RANK: the agent's --node-rank
+        if f"rank {r}/4: node {r // 2}" not in text:
+            raise Failure(f"rank {r}/4 did not report node {r // 2}")
     for r in range(4):
         if f"rank {r}/4: done" not in text:
             raise Failure(f"rank {r}/4 did not finish")
@@ -151,8 +154,15 @@ def case_nnodes(worker, tmp):
 
 
 def case_collectives(worker, tmp):
-    res, t = run_ranks(worker, "collectives", 3, 120, tmp)
-    expect(res, 0, "collectives ok")
+    (tmp / "alone").mkdir(parents=True, exist_ok=True)
+    (tmp / "first.txt").unlink(missing_ok=True)
+    res, t = run_ranks(worker, "collectives", 3, 120, tmp, dir=tmp)
+    expect(res, 0, "collectives ok", "nested collectives ok, shapes refused, objects ok, "
+           "rank zero first ok, node 0")
+    for i, (_, text) in enumerate(res):  # then each rank alone, SingleProcess
+        if text.count("nested collectives ok, shapes refused, objects ok, rank zero first ok, "
+                      "node 0") != 2:
+            raise Failure(f"rank {i}: the one-process collectives did not pass")
     if "rank-zero line" not in res[0][1] or any("rank-zero line" in r[1] for r in res[1:]):
         raise Failure("rank_zero_print printed on a rank other than 0, or not on rank 0")
     return f"3 ranks, {t:.1f} s"

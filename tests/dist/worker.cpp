@@ -3,13 +3,13 @@
 //
 //   loom_dist_worker <mode> [key=value ...]
 //
-// Modes: train, collectives, no_sync, hooks, scaler, fp8, fault, shapes, unused, parity, cuda (a GPU:
-// backend=nccl|gloo, gpu=<index>). Every rank prints
-// "rank R/W: ..." lines; a loom::Error ends the rank with exit code 3 after printing
-// "rank R/W: loom::Error: <what>".
+// Modes: train, collectives, no_sync, hooks, scaler, fp8, fault, shapes, unused, parity, cuda (a
+// GPU: backend=nccl|gloo, gpu=<index>). Every rank prints "rank R/W: ..." lines; a loom::Error ends
+// the rank with exit code 3 after printing "rank R/W: loom::Error: <what>".
 #include <unistd.h>
-#include <csignal>
 #include <algorithm>
+#include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -31,6 +32,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
+#include <loom/dist/collectives.hpp>
 #include <loom/dist/ddp.hpp>
 #include <loom/dist/rank_zero.hpp>
 #include <loom/loom.hpp>
@@ -83,7 +85,8 @@ struct HookCalls {
 class CountingHook final
     : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
  public:
-  CountingHook(const c10::intrusive_ptr<c10d::ProcessGroup>& group, std::shared_ptr<HookCalls> calls)
+  CountingHook(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
+               std::shared_ptr<HookCalls> calls)
       : CppCommHookInterface(group), calls_(std::move(calls)) {}
 
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
@@ -134,6 +137,7 @@ int run_train() {
   auto model = mlp(8, iarg("hidden", 16), 4);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   rt.setup(model, opt);
+  say("node " + std::to_string(s.node_rank()));
   say(std::string("setup: params from rank 0 ") +
       (same_on_all_ranks(s, flat_params(*model)) ? "equal" : "DIFFER"));
   // A write to a dead peer's socket must fail with an error, not end the process by SIGPIPE.
@@ -151,6 +155,72 @@ int run_train() {
   rt.teardown();
   say("done");
   return 0;
+}
+
+/// The collectives over nested batches, broadcast_object, a named barrier, rank_zero_first
+/// and node_rank, on `s`'s ranks (one process too); prints what it found.
+template <class S>
+bool nested_collectives(S& s, const std::string& dir) {
+  using loom::dist::ReduceOp;
+  const int rank = s.rank(), world = s.world_size();
+  const float r = static_cast<float>(rank), w = static_cast<float>(world);
+  const float sum = w * (w - 1) / 2;
+  std::map<std::string, torch::Tensor> metrics{{"a", torch::full({2}, r)},
+                                               {"b", torch::full({1, 2}, r + 1)}};
+  const auto batch = std::make_tuple(torch::tensor({r}), metrics, 7);
+  bool ok = true;
+  auto reduced = loom::dist::all_reduce(s, batch, ReduceOp::Sum);
+  ok = ok && torch::equal(std::get<0>(reduced), torch::tensor({sum})) &&
+       torch::equal(std::get<1>(reduced).at("a"), torch::full({2}, sum)) &&
+       torch::equal(std::get<1>(reduced).at("b"), torch::full({1, 2}, sum + w)) &&
+       std::get<2>(reduced) == 7 && std::get<0>(batch).item<float>() == r;  // a copy
+  auto mean = loom::dist::all_reduce(s, metrics, ReduceOp::Mean);
+  ok = ok && torch::equal(mean.at("a"), torch::full({2}, sum / w));
+  auto gathered = loom::dist::all_gather(s, batch);
+  const auto& b = std::get<1>(gathered).at("b");
+  ok = ok && b.sizes() == torch::IntArrayRef({world, 1, 2});
+  for (int i = 0; i < world; ++i) ok = ok && torch::equal(b[i], torch::full({1, 2}, i + 1.0f));
+  auto from_last = loom::dist::broadcast(s, batch, world - 1);
+  ok = ok && torch::equal(std::get<1>(from_last).at("a"), torch::full({2}, w - 1));
+  std::string shapes = "no error";
+  try {
+    (void)loom::dist::all_gather(s, torch::zeros({rank + 1}));
+  } catch (const loom::Error& e) {
+    shapes = e.what();
+  }
+  const bool shapes_refused =
+      world == 1 ? shapes == "no error"
+                 : shapes.find("rank 1's tensor does not have rank 0's shape") != std::string::npos;
+  const std::string text = s.broadcast_object(
+      rank == world - 1 ? std::string("hello from the last rank") : "", world - 1);
+  loom::StateDict state;
+  if (rank == world - 1) {
+    state = {{"step", c10::IValue(std::int64_t{42})},
+             {"name", c10::IValue(std::string("ckpt"))},
+             {"w", c10::IValue(torch::tensor({1.5f, 2.5f}))}};
+  }
+  auto got = s.broadcast_object(state, world - 1);
+  const bool objects = text == "hello from the last rank" && got.size() == 3 &&
+                       got.at("step").toInt() == 42 && got.at("name").toStringRef() == "ckpt" &&
+                       torch::equal(got.at("w").toTensor(), torch::tensor({1.5f, 2.5f}));
+  s.barrier("nested collectives");
+  // rank_zero_first: rank 0 writes a file in the scope, after a pause; the others find it.
+  bool first_ok = true;
+  const std::string marker = dir + "/first.txt";
+  {
+    auto first = loom::dist::rank_zero_first(s);
+    if (rank == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      std::ofstream(marker) << "written by rank 0";
+    } else {
+      first_ok = std::ifstream(marker).good();
+    }
+  }
+  say("nested collectives " + std::string(ok ? "ok" : "WRONG") + ", shapes " +
+      (shapes_refused ? "refused" : "NOT refused: " + shapes) + ", objects " +
+      (objects ? "ok" : "WRONG") + ", rank zero first " + (first_ok ? "ok" : "WRONG") + ", node " +
+      std::to_string(s.node_rank()));
+  return ok && shapes_refused && objects && first_ok;
 }
 
 int run_collectives() {
@@ -183,8 +253,14 @@ int run_collectives() {
   s.barrier();
   say(std::string("collectives ") + (ok ? "ok" : "WRONG"));
   loom::dist::rank_zero_print(s, "rank-zero line");
+  const bool nested = nested_collectives(s, arg("dir", "."));
   rt.teardown();
-  return ok ? 0 : 1;
+  // The same calls in one process (SingleProcess): the one-process results.
+  loom::Runtime<loom::Cpu, loom::Fp32> one;
+  auto small = mlp(2, 2, 2);
+  one.setup(small);
+  const bool alone = nested_collectives(one.strategy(), arg("dir", ".") + "/alone");
+  return ok && nested && alone ? 0 : 1;
 }
 
 /// Two half batches under no_sync, then a synchronized one: the same gradients as one
@@ -278,8 +354,8 @@ int run_hooks() {
     }
   }
   const bool equal = same_on_all_ranks(s, flat_params(*model));
-  say("hooks: buckets reduced per step " + seen + (ok ? " (each once)" : " (WRONG)") +
-      ", params " + (equal ? "equal" : "DIFFER"));
+  say("hooks: buckets reduced per step " + seen + (ok ? " (each once)" : " (WRONG)") + ", params " +
+      (equal ? "equal" : "DIFFER"));
   rt.teardown();
   return ok && equal ? 0 : 1;
 }
@@ -444,8 +520,8 @@ int run_parity_with() {
   loom::DdpOptions ddp_options;
   ddp_options.static_graph = iarg("static_graph", 0) != 0;
   const std::string hook = arg("comm_hook", "none");
-  ddp_options.comm_hook = hook == "user" ? counting_hook(std::make_shared<HookCalls>())
-                                         : loom::CommHook::parse(hook);
+  ddp_options.comm_hook =
+      hook == "user" ? counting_hook(std::make_shared<HookCalls>()) : loom::CommHook::parse(hook);
   auto rt = [&] {
     if constexpr (std::is_same_v<P, loom::Fp16Mixed>) {
       loom::amp::GradScalerOptions o;

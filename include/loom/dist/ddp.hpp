@@ -39,6 +39,7 @@ struct Environment {
   int rank = 0;             ///< RANK, default 0
   int world_size = 1;       ///< WORLD_SIZE, default 1
   int local_rank = 0;       ///< LOCAL_RANK, default 0
+  int node_rank = 0;        ///< GROUP_RANK (torchrun's index of this machine), default 0
   std::string master_addr;  ///< MASTER_ADDR, required when world_size > 1
   int master_port = 0;      ///< MASTER_PORT, required when world_size > 1
   /// TORCHELASTIC_USE_AGENT_STORE is "True": the launcher hosts the store, every rank is a
@@ -61,10 +62,11 @@ Environment read_environment();
 ///   all_reduce()      divided by the world size while copied into    no hook (the default)
 ///                     the bucket, then a sum all-reduce
 ///   fp16_compress()   cast to fp16, divided by the world size (in    _register_builtin_comm_hook(
-///                     fp16), all-reduced in fp16, copied back         BuiltinCommHookType.FP16_COMPRESS)
+///                     fp16), all-reduced in fp16, copied back BuiltinCommHookType.FP16_COMPRESS)
 ///   bf16_compress()   the same in bf16: buffer.to(bf16).div_(world), register_comm_hook(None,
 ///                     sum all-reduce, copied back into the bucket     bf16_compress_hook)
-///   user(name, make)  whatever the c10d::CommHookInterface that      register_comm_hook(state, hook)
+///   user(name, make)  whatever the c10d::CommHookInterface that      register_comm_hook(state,
+///   hook)
 ///                     `make` builds for the group does
 ///
 /// The compressing hooks halve the bytes on the wire and round every gradient to 16 bits: the
@@ -201,6 +203,8 @@ class Ddp {
   int rank() const;
   int world_size() const;
   int local_rank() const;
+  /// This machine's index among the run's machines: torchrun's GROUP_RANK (--node-rank).
+  int node_rank() const;
   bool is_global_zero() const { return rank() == 0; }
   const Environment& environment() const;
   const DdpOptions& options() const;
@@ -209,9 +213,16 @@ class Ddp {
 
   /// Collectives over every rank, in place; valid after setup().
   void barrier();
+  /// A barrier whose failure names it: "the barrier \"name\"".
+  void barrier(std::string_view name);
   void all_reduce(at::Tensor& t, ReduceOp op);
   void broadcast(at::Tensor& t, int src);
   std::vector<at::Tensor> all_gather(const at::Tensor& t);
+  /// Rank `src`'s value on every rank (Python's broadcast_object_list): pickled as torch.save
+  /// pickles (torch::pickle_save), its size and then its bytes broadcast on the group's
+  /// device; what the other ranks pass is ignored.
+  std::string broadcast_object(const std::string& value, int src);
+  StateDict broadcast_object(const StateDict& value, int src);
 
   /// rt.save: rank 0 writes through `io`; every rank returns once the file is written, and a
   /// failed write is a loom::Error on every rank (rank 0's message there, elsewhere one naming
@@ -230,6 +241,8 @@ class Ddp {
 
  private:
   void prepare_backward(const at::Tensor& loss);
+  c10::IValue broadcast_ivalue(const c10::IValue& value, int src);
+  void barrier_named(std::string_view what);
   [[noreturn]] void fail(std::string_view what, std::exception_ptr error);
 
   std::unique_ptr<detail::DdpState> state_;

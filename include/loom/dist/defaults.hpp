@@ -47,18 +47,27 @@ struct Defaults {
   int rank() const { return 0; }
   int world_size() const { return 1; }
   int local_rank() const { return 0; }
+  /// The machine's index among the run's machines (torchrun's GROUP_RANK); one process: 0.
+  int node_rank() const { return 0; }
   bool is_global_zero() const { return static_cast<const Self&>(*this).rank() == 0; }
 
   void barrier() {}
+  /// A barrier whose failure names it (logs, errors); one process: nothing.
+  void barrier(std::string_view) {}
   /// One process: `t` already is the sum, mean, max and min over all processes.
   void all_reduce(at::Tensor&, ReduceOp) {}
-  void broadcast(at::Tensor&, int src) {
-    if (src != 0) {
-      throw Error("loom: broadcast from rank " + std::to_string(src) + " in a run of " +
-                  std::to_string(static_cast<const Self&>(*this).world_size()) + " process");
-    }
-  }
+  void broadcast(at::Tensor&, int src) { broadcast_source(src); }
   std::vector<at::Tensor> all_gather(const at::Tensor& t) { return {t.clone()}; }
+  /// Rank `src`'s string or StateDict on every rank (Python's broadcast_object_list); one
+  /// process: `value` itself.
+  std::string broadcast_object(const std::string& value, int src) {
+    broadcast_source(src);
+    return value;
+  }
+  StateDict broadcast_object(const StateDict& value, int src) {
+    broadcast_source(src);
+    return value;
+  }
 
   /// Writes a checkpoint's value through `io` (rt.save). One process: it writes. A distributed
   /// strategy decides which ranks write (Ddp: rank 0) and how a failed write reaches every rank
@@ -79,6 +88,14 @@ struct Defaults {
     loom::detail::refuse_state(Self::strategy(), "strategy", state);
   }
   void teardown() {}
+
+ private:
+  void broadcast_source(int src) const {
+    if (src != 0) {
+      throw Error("loom: broadcast from rank " + std::to_string(src) + " in a run of " +
+                  std::to_string(static_cast<const Self&>(*this).world_size()) + " process");
+    }
+  }
 };
 
 }  // namespace loom::dist
