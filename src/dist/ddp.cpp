@@ -185,6 +185,8 @@ struct DdpState {
   bool sync = true;                      // false while a NoSyncGuard lives
   bool delay_all_reduce_queued = false;  // static_graph: the first backward's all-reduce
   bool forward_param_sync = true;        // Python's require_forward_param_sync
+  bool joining = false;                  // inside a JoinGuard's scope
+  JoinOptions join_options;
   bool failed = false;
   bool torn_down = false;
 
@@ -470,9 +472,9 @@ void check_same_parameters_on_every_rank(detail::DdpState& s,
   }
 }
 
-/// Rank 0's parameters (all of them, as Python) and, with DdpOptions::broadcast_buffers, its
-/// buffers, on every rank.
-void broadcast_rank_zero_state(detail::DdpState& s, torch::nn::Module& module) {
+/// Rank `src`'s parameters (all of them, as Python) and, with DdpOptions::broadcast_buffers,
+/// its buffers, on every rank.
+void broadcast_module_state(detail::DdpState& s, torch::nn::Module& module, int src) {
   try {
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> states;
@@ -480,9 +482,10 @@ void broadcast_rank_zero_state(detail::DdpState& s, torch::nn::Module& module) {
     if (s.options.broadcast_buffers) {
       for (const auto& b : module.buffers(true)) states.push_back(b.detach());
     }
-    c10d::broadcast_coalesced(s.group, states, broadcast_bucket_bytes, 0);
+    c10d::broadcast_coalesced(s.group, states, broadcast_bucket_bytes, src);
   } catch (...) {
-    throw_failure(s, "broadcasting rank 0's parameters and buffers", std::current_exception());
+    throw_failure(s, "broadcasting rank " + std::to_string(src) + "'s parameters and buffers",
+                  std::current_exception());
   }
 }
 
@@ -563,9 +566,51 @@ void Ddp::setup(torch::nn::Module& module, c10::Device device, std::string_view 
   ignore_default_sigpipe();
   connect_process_group(s, connect_store(s), device);
   check_same_parameters_on_every_rank(s, reduced.params);
-  broadcast_rank_zero_state(s, module);
+  broadcast_module_state(s, module, 0);
   build_reducer(s, std::move(reduced));
 }
+
+namespace {
+
+/// A one-element tensor on the group's device.
+at::Tensor flag(const detail::DdpState& s, double value, at::ScalarType dtype = at::kFloat) {
+  return at::full({1}, value, at::TensorOptions().dtype(dtype).device(s.device));
+}
+
+/// A sum all-reduce of `t`, waited for unless `wait` is false (then c10d keeps the work).
+void sum_all_reduce(detail::DdpState& s, at::Tensor& t, bool wait = true) {
+  std::vector<at::Tensor> tensors{t};
+  auto work = s.group->allreduce(tensors);
+  if (wait) work->wait();
+}
+
+/// Python's _find_common_rank: the largest rank for which `candidate` holds.
+int find_common_rank(detail::DdpState& s, bool candidate) {
+  at::Tensor rank = flag(s, candidate ? s.env.rank : -1, at::kLong);
+  std::vector<at::Tensor> tensors{rank};
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::MAX);
+  s.group->allreduce(tensors, o)->wait();
+  const auto r = rank.cpu().item<std::int64_t>();
+  if (r < 0) throw Error("loom::Ddp::join: no rank qualified to hold the authoritative copy");
+  return static_cast<int>(r);
+}
+
+/// The module's buffers, detached, broadcast from `src` (Python's _sync_module_buffers).
+void broadcast_buffers_from(detail::DdpState& s, int src) {
+  auto buffers = s.module->buffers(true);
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> detached;
+  for (auto& b : buffers) detached.push_back(b.detach());
+  c10d::broadcast_coalesced(s.group, detached, broadcast_bucket_bytes, src);
+}
+
+/// Python's _check_sync_bufs_pre_fwd.
+bool syncs_buffers_before_forward(const detail::DdpState& s) {
+  return s.options.broadcast_buffers && s.forward_param_sync && !s.module->buffers(true).empty();
+}
+
+}  // namespace
 
 void Ddp::pre_forward() {
   auto& s = *state_;
@@ -576,23 +621,122 @@ void Ddp::pre_forward() {
   }
   if (s.torn_down) throw Error("loom::Ddp: forward after teardown(); the group is shut down");
   if (!s.reducer) return;
+  bool others_joined = false;
   try {
-    if (at::GradMode::is_enabled()) {
-      if (s.sync) s.reducer->prepare_for_forward();
-      s.reducer->rebuild_buckets();  // a collective in the second iteration, then nothing
+    // Python's DistributedDataParallel._pre_forward, in its order.
+    if (at::GradMode::is_enabled() && s.sync) s.reducer->prepare_for_forward();
+    if (s.joining) {
+      // Join.notify_join_context: this rank has not joined (the joined ones add zeros).
+      std::vector<at::Tensor> ones{flag(s, 1)};
+      s.reducer->set_forward_pass_work_handle(s.group->allreduce(ones),
+                                              s.join_options.divide_by_initial_world_size);
+      if (s.join_options.throw_on_early_termination) {
+        at::Tensor joined = flag(s, 0);
+        sum_all_reduce(s, joined);
+        others_joined = joined.cpu().item<float>() != 0;
+      }
     }
-    if (s.options.broadcast_buffers && s.forward_param_sync) {
-      auto buffers = s.module->buffers(true);
-      if (!buffers.empty()) {
-        at::NoGradGuard no_grad;
-        std::vector<at::Tensor> detached;
-        for (auto& b : buffers) detached.push_back(b.detach());
-        c10d::broadcast_coalesced(s.group, detached, broadcast_bucket_bytes, 0);
+    if (!others_joined) {
+      if (at::GradMode::is_enabled()) s.reducer->rebuild_buckets();  // once, in iteration 2
+      if (syncs_buffers_before_forward(s)) {
+        // Under join, rank 0 may have joined with stale buffers: the largest rank still in.
+        broadcast_buffers_from(s, s.joining ? find_common_rank(s, true) : 0);
+      }
+      if (s.joining) {
+        // Tells the joined ranks whether this iteration's backward synchronizes.
+        at::Tensor sync = flag(s, s.sync ? 1 : 0);
+        sum_all_reduce(s, sync, /*wait=*/false);
       }
     }
   } catch (...) {
     fail("the reducer's work before forward", std::current_exception());
   }
+  if (others_joined) {
+    throw Error("loom::Ddp::join: rank " + std::to_string(s.env.rank) +
+                " found that another rank has run out of inputs "
+                "(JoinOptions::throw_on_early_termination)");
+  }
+}
+
+JoinGuard::JoinGuard(Ddp* ddp) : ddp_(ddp), exceptions_(std::uncaught_exceptions()) {}
+
+JoinGuard::~JoinGuard() noexcept(false) {
+  if (!ddp_) return;
+  auto& s = *ddp_->state_;
+  if (std::uncaught_exceptions() != exceptions_ || s.failed) {
+    s.joining = false;
+    return;
+  }
+  ddp_->finish_join();
+}
+
+JoinGuard Ddp::join(JoinOptions options) {
+  auto& s = *state_;
+  if (!s.module) {
+    throw Error("loom::Ddp::join: call rt.setup(model) first; join needs the reducer it builds");
+  }
+  if (s.joining) throw Error("loom::Ddp::join: already inside a join scope");
+  if (!s.reducer) return JoinGuard(nullptr);  // one process: nobody to wait for
+  s.joining = true;
+  s.join_options = options;
+  s.logger->set_uneven_input_join();
+  return JoinGuard(this);
+}
+
+void Ddp::join_main_hook() {
+  auto& s = *state_;
+  s.reducer->rebuild_buckets();
+  if (syncs_buffers_before_forward(s)) broadcast_buffers_from(s, find_common_rank(s, false));
+  at::Tensor sync = flag(s, 0);
+  sum_all_reduce(s, sync);
+  const bool should_sync = sync.cpu().item<float>() != 0;
+  s.forward_param_sync = should_sync;
+  if (!should_sync) return;
+  // One all-reduce per bucket, of zeros, in the reducer's bucket order and through its hook.
+  auto buckets = s.reducer->get_grad_buckets(/*return_zero_tensors=*/true);
+  std::vector<c10::intrusive_ptr<c10::ivalue::Future>> pending;
+  for (auto& bucket : buckets) pending.push_back(s.reducer->run_comm_hook(bucket));
+  for (auto& f : pending) {
+    f->wait();
+    if (f->hasError()) f->value();  // rethrows the hook's error
+  }
+  if (s.options.find_unused_parameters) {
+    std::vector<at::Tensor> used{s.reducer->get_local_used_map_on_device()};
+    s.group->allreduce(used)->wait();
+  }
+  s.reducer->push_rebuilt_params_for_all_indices();
+}
+
+void Ddp::finish_join() {
+  auto& s = *state_;
+  try {
+    bool last = true;
+    for (;;) {
+      // Python's Join.__exit__: shadow the notification all-reduce of the ranks still in.
+      at::Tensor still_in = flag(s, 0);
+      sum_all_reduce(s, still_in);
+      if (still_in.cpu().item<float>() == 0) break;
+      if (s.join_options.throw_on_early_termination) {
+        at::Tensor ones = flag(s, 1);
+        sum_all_reduce(s, ones);
+        s.joining = false;
+        throw Error("loom::Ddp::join: rank " + std::to_string(s.env.rank) +
+                    " has run out of inputs before the others "
+                    "(JoinOptions::throw_on_early_termination)");
+      }
+      join_main_hook();
+      last = false;
+    }
+    // The post-hook: the parameters (and buffers) of the rank that joined last, everywhere.
+    broadcast_module_state(s, *s.module, find_common_rank(s, last));
+  } catch (const Error&) {
+    s.joining = false;
+    throw;
+  } catch (...) {
+    s.joining = false;
+    fail("joining the ranks with uneven inputs", std::current_exception());
+  }
+  s.joining = false;
 }
 
 void Ddp::prepare_backward(const at::Tensor& loss) {

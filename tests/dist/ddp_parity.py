@@ -10,7 +10,8 @@ bf16-mixed and 16-mixed (a GradScaler with growth_interval 3 on both sides, whos
 growth tracker must be equal too). Then static_graph=True on a model with a layer that no
 forward uses. Last, the communication hooks: c10d's builtin FP16_COMPRESS, Python's
 bf16_compress_hook (loom's own copy of its arithmetic) and a user's hook (loom: a
-c10d::CppCommHookInterface; Python: default_hooks.allreduce_hook).
+c10d::CppCommHookInterface; Python: default_hooks.allreduce_hook). And uneven inputs: rank 0
+stops after 10 of its 12 steps inside join() (loom: rt.strategy().join()).
 
 Usage: python ddp_parity.py --worker BIN --dir DIR     (the driver)
        torchrun ... ddp_parity.py --role python --dir DIR --precision P   (Python's side)
@@ -26,12 +27,14 @@ import numpy as np
 import torch
 
 SAMPLES, EPOCHS, BATCH, WORLD = 96, 2, 8, 2
-# (precision, micro-batches per step, static_graph with a layer no forward uses, comm hook)
-RUNS = [("32-true", 1, False, "none"), ("bf16-mixed", 1, False, "none"),
-        ("32-true", 4, False, "none"), ("bf16-mixed", 4, False, "none"),
-        ("16-mixed", 4, False, "none"), ("32-true", 1, True, "none"),
-        ("32-true", 1, False, "fp16"), ("32-true", 4, False, "bf16"),
-        ("bf16-mixed", 1, False, "user")]
+# (precision, micro-batches per step, static_graph with a layer no forward uses, comm hook,
+#  join: rank 0 stops after JOIN_STEPS of its 12 steps, inside DDP's join())
+RUNS = [("32-true", 1, False, "none", False), ("bf16-mixed", 1, False, "none", False),
+        ("32-true", 4, False, "none", False), ("bf16-mixed", 4, False, "none", False),
+        ("16-mixed", 4, False, "none", False), ("32-true", 1, True, "none", False),
+        ("32-true", 1, False, "fp16", False), ("32-true", 4, False, "bf16", False),
+        ("bf16-mixed", 1, False, "user", False), ("32-true", 1, False, "none", True)]
+JOIN_STEPS = 10
 GROWTH_INTERVAL = 3  # 16-mixed: the scale grows (and backs off) within the run
 
 
@@ -63,7 +66,7 @@ def write_inputs(d):
     torch.randint(0, 4, (SAMPLES,)).numpy().astype("<i8").tofile(d / "y.bin")
 
 
-def python_side(d, precision, accumulate, static_graph, hook):
+def python_side(d, precision, accumulate, static_graph, hook, join):
     import contextlib
 
     import torch.distributed as dist
@@ -96,11 +99,18 @@ def python_side(d, precision, accumulate, static_graph, hook):
     low = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
     sampler = DistributedSampler(range(SAMPLES), num_replicas=world, rank=rank, shuffle=True,
                                  seed=0)
-    for epoch in range(EPOCHS):
-        sampler.set_epoch(epoch)
-        idx = list(sampler)
-        for i in range(0, len(idx), BATCH):
-            b = torch.tensor(idx[i:i + BATCH])
+    def batches():
+        for epoch in range(EPOCHS):
+            sampler.set_epoch(epoch)
+            idx = list(sampler)
+            for i in range(0, len(idx), BATCH):
+                yield torch.tensor(idx[i:i + BATCH])
+
+    steps = JOIN_STEPS if join and rank == 0 else None  # uneven inputs: rank 0 has fewer
+    with ddp.join() if join else contextlib.nullcontext():
+        for step, b in enumerate(batches()):
+            if step == steps:
+                break
             opt.zero_grad()
             xs, ys = x[b].tensor_split(accumulate), y[b].tensor_split(accumulate)
             for j in range(accumulate):
@@ -151,7 +161,7 @@ def driver(worker, d):
     d.mkdir(parents=True, exist_ok=True)
     write_inputs(d)
     finals = {}
-    for precision, k, static, hook in RUNS:
+    for precision, k, static, hook, join in RUNS:
         for f in list(d.glob("*_rank*.bin")) + list(d.glob("*_rank*.scaler")):
             f.unlink()
         # Python's own DDP is the reference: a rare crash of stock torch's gloo ranks ("terminate
@@ -159,11 +169,12 @@ def driver(worker, d):
         # second attempt; loom's side gets one.
         torchrun(__file__, "--role", "python", "--dir", str(d), "--precision", precision,
                  "--accumulate", str(k), "--comm-hook", hook, *(["--static-graph"] if static else []),
-                 attempts=2)
+                 *(["--join"] if join else []), attempts=2)
         torchrun("--no-python", worker, "parity", f"dir={d}", f"precision={precision}",
                  f"samples={SAMPLES}", f"epochs={EPOCHS}", f"batch={BATCH}", f"accumulate={k}",
                  f"growth_interval={GROWTH_INTERVAL}", f"static_graph={int(static)}",
-                 f"unused={int(static)}", f"comm_hook={hook}")
+                 f"unused={int(static)}", f"comm_hook={hook}",
+                 f"join_steps={JOIN_STEPS if join else -1}")
         py = [np.fromfile(d / f"python_rank{r}.bin", dtype="<f4") for r in range(WORLD)]
         lm = [np.fromfile(d / f"loom_rank{r}.bin", dtype="<f4") for r in range(WORLD)]
         diff = max(float(np.abs(a - b).max()) for a, b in zip(py, lm))
@@ -178,6 +189,8 @@ def driver(worker, d):
             what += ", static_graph with a layer no forward uses"
         if hook != "none":
             what += f", comm hook {hook}"
+        if join:
+            what += f", join() with {JOIN_STEPS} and 12 steps on the ranks"
         scaler = ""
         scaler_equal = True
         if precision == "16-mixed":
@@ -193,20 +206,21 @@ def driver(worker, d):
               f"ranks equal: {ranks_equal}, moved from init by up to {moved:.3g}{scaler}")
         if not (bitwise and ranks_equal and moved > 0 and scaler_equal):
             raise SystemExit(f"ddp_parity: {what} differs from Python's DDP")
-        finals[(precision, k, static, hook)] = lm[0]
+        finals[(precision, k, static, hook, join)] = lm[0]
     # The variants really differ: bf16 autocast changes the result; so do accumulation and the
     # compressing hooks (a user's hook with the reducer's arithmetic does not).
     def differ(a, b, why):
         if np.array_equal(finals[a], finals[b]):
             raise SystemExit(f"ddp_parity: {why}")
         return float(np.abs(finals[a] - finals[b]).max())
-    plain, bf16 = ("32-true", 1, False, "none"), ("bf16-mixed", 1, False, "none")
+    plain, bf16 = ("32-true", 1, False, "none", False), ("bf16-mixed", 1, False, "none", False)
     d_bf16 = differ(plain, bf16, "bf16-mixed gave the 32-true result; autocast did not run")
-    differ(plain, ("32-true", 4, False, "none"), "4 micro-batches gave the 1-batch result")
-    d_fp16 = differ(plain, ("32-true", 1, False, "fp16"), "the fp16 hook changed nothing")
-    d_bhook = differ(("32-true", 4, False, "none"), ("32-true", 4, False, "bf16"),
+    differ(plain, ("32-true", 4, False, "none", False), "4 micro-batches gave the 1-batch result")
+    d_fp16 = differ(plain, ("32-true", 1, False, "fp16", False), "the fp16 hook changed nothing")
+    d_bhook = differ(("32-true", 4, False, "none", False), ("32-true", 4, False, "bf16", False),
                      "the bf16 hook changed nothing")
-    if not np.array_equal(finals[bf16], finals[("bf16-mixed", 1, False, "user")]):
+    differ(plain, ("32-true", 1, False, "none", True), "join gave the even run's result")
+    if not np.array_equal(finals[bf16], finals[("bf16-mixed", 1, False, "user", False)]):
         raise SystemExit("ddp_parity: the user's all-reduce hook differs from the reducer's")
     print(f"ddp parity: bf16-mixed and 32-true differ by up to {d_bf16:.3g}; the fp16 hook "
           f"moves 32-true by up to {d_fp16:.3g}, the bf16 hook (4 micro-batches) by {d_bhook:.3g}; "
@@ -222,10 +236,11 @@ def main():
     ap.add_argument("--accumulate", type=int, default=1)
     ap.add_argument("--static-graph", action="store_true")
     ap.add_argument("--comm-hook", default="none")
+    ap.add_argument("--join", action="store_true")
     a = ap.parse_args()
     d = Path(a.dir).resolve()
     if a.role == "python":
-        python_side(d, a.precision, a.accumulate, a.static_graph, a.comm_hook)
+        python_side(d, a.precision, a.accumulate, a.static_graph, a.comm_hook, a.join)
     else:
         driver(a.worker, d)
 

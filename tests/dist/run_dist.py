@@ -181,6 +181,22 @@ def case_hooks(worker, tmp):
     return f"2 ranks, a counting user hook, k = 1, 2, 4, {t:.1f} s"
 
 
+def case_join(worker, tmp):
+    # Every rank finishes within the 30 s deadline (c10d's timeout is 20 s), no hang.
+    res, t = run_ranks(worker, "join", 2, 30, tmp)
+    expect(res, 0, "join: 10 batches, params equal", ranks=[0])
+    expect(res, 0, "join: 12 batches, params equal", ranks=[1])
+    res, t2 = run_ranks(worker, "join", 2, 30, tmp, divide_initial=0)
+    expect(res, 0, "params equal")
+    res, t3 = run_ranks(worker, "join", 2, 30, tmp, **{"throw": 1})
+    expect(res, 0, "join: error after 10 of 10 batches: loom::Ddp::join: rank 0 has run out of "
+           "inputs before the others", ranks=[0])
+    expect(res, 0, "join: error after 10 of 12 batches: loom::Ddp::join: rank 1 found that "
+           "another rank has run out of inputs", ranks=[1])
+    return (f"10 and 12 batches: joined in {t:.1f} s ({t2:.1f} s dividing by the ranks still "
+            f"in); throw_on_early_termination: both ranks raised in {t3:.1f} s")
+
+
 def case_scaler(worker, tmp):
     res, t = run_ranks(worker, "scaler", 2, 120, tmp)
     expect(res, 0, "scaler: skipped together yes, state equal yes")
@@ -307,7 +323,7 @@ def case_cuda(worker, tmp, backend, world):
 
 CASES = {
     "train": case_train, "torchrun": case_torchrun, "nnodes": case_nnodes,
-    "collectives": case_collectives, "no_sync": case_no_sync, "hooks": case_hooks, "scaler": case_scaler,
+    "collectives": case_collectives, "no_sync": case_no_sync, "hooks": case_hooks, "join": case_join, "scaler": case_scaler,
     "fp8": case_fp8,
     "shapes": case_shapes, "unused": case_unused, "env": case_env, "port": case_port,
     "lone": case_lone,

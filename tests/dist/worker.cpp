@@ -3,9 +3,9 @@
 //
 //   loom_dist_worker <mode> [key=value ...]
 //
-// Modes: train, collectives, no_sync, hooks, scaler, fp8, fault, shapes, unused, parity, cuda (a
-// GPU: backend=nccl|gloo, gpu=<index>). Every rank prints "rank R/W: ..." lines; a loom::Error ends
-// the rank with exit code 3 after printing "rank R/W: loom::Error: <what>".
+// Modes: train, collectives, no_sync, hooks, join, scaler, fp8, fault, shapes, unused, parity, cuda
+// (a GPU: backend=nccl|gloo, gpu=<index>). Every rank prints "rank R/W: ..." lines; a loom::Error
+// ends the rank with exit code 3 after printing "rank R/W: loom::Error: <what>".
 #include <unistd.h>
 #include <algorithm>
 #include <chrono>
@@ -360,6 +360,45 @@ int run_hooks() {
   return ok && equal ? 0 : 1;
 }
 
+/// Uneven inputs: rank 0 has 10 batches, the others 12, all inside a join scope. Without
+/// throw=1 every rank finishes, holding the last joiner's parameters; with it, every rank
+/// gets a loom::Error once rank 0 has run out.
+int run_join() {
+  loom::DdpOptions o;
+  o.timeout = std::chrono::milliseconds(20000);
+  loom::JoinOptions jo;
+  jo.throw_on_early_termination = arg("throw", "0") == "1";
+  jo.divide_by_initial_world_size = arg("divide_initial", "1") == "1";
+  loom::Runtime<loom::Cpu, loom::Fp32, loom::Ddp> rt(loom::Cpu{}, loom::Fp32{}, loom::Ddp(o));
+  torch::manual_seed(21);
+  auto model = mlp(8, 16, 4);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  rt.setup(model, opt);
+  auto& s = rt.strategy();
+  const int batches = s.rank() == 0 ? 10 : 12;
+  int done = 0;
+  try {
+    auto joined = s.join(jo);
+    for (; done < batches; ++done) {
+      torch::manual_seed(1000 * done + s.rank());
+      auto x = torch::randn({8, 8});
+      auto y = torch::randint(0, 4, {8}, torch::kLong);
+      opt.zero_grad();
+      rt.backward(torch::nn::functional::cross_entropy(rt.forward(model, x), y), model);
+      rt.optimizer_step(opt);
+    }
+  } catch (const loom::Error& e) {
+    say("join: error after " + std::to_string(done) + " of " + std::to_string(batches) +
+        " batches: " + e.what());
+    rt.teardown();
+    return 0;
+  }
+  say("join: " + std::to_string(done) + " batches, params " +
+      (same_on_all_ranks(s, flat_params(*model)) ? "equal" : "DIFFER"));
+  rt.teardown();
+  return 0;
+}
+
 /// 16-mixed under DDP: a non-finite loss on one rank makes every rank skip the step, and the
 /// scaler's state is the same on every rank after every step.
 int run_scaler() {
@@ -556,24 +595,37 @@ int run_parity_with() {
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   rt.setup(model, opt);
   loom::DistributedSampler sampler(static_cast<std::size_t>(n), s, /*shuffle=*/true, /*seed=*/0);
-  for (int epoch = 0; epoch < epochs; ++epoch) {
-    sampler.set_epoch(static_cast<std::uint64_t>(epoch));
-    sampler.reset();
-    while (auto idx = sampler.next(static_cast<std::size_t>(batch))) {
-      std::vector<std::int64_t> i64(idx->begin(), idx->end());
-      auto index = torch::tensor(i64, torch::kLong);
-      opt.zero_grad();
-      // k micro-batches: the first k - 1 backwards stay local, the last reduces their sum.
-      const auto micro = loom::split_microbatches(
-          std::make_tuple(X.index_select(0, index), Y.index_select(0, index)), k);
-      for (int j = 0; j < k; ++j) {
-        auto scope = rt.no_backward_sync(model, j + 1 < k);
-        const auto& [x, y] = micro[static_cast<std::size_t>(j)];
-        auto loss = torch::nn::functional::cross_entropy(rt.forward(model, x), y);
-        rt.backward(k > 1 ? loss / k : loss, model);
+  // Uneven inputs: rank 0 stops after join_steps steps, inside a join scope.
+  const int join_steps = iarg("join_steps", -1);
+  const int stop = join_steps >= 0 && s.rank() == 0 ? join_steps : -1;
+  auto train = [&] {
+    int step = 0;
+    for (int epoch = 0; epoch < epochs; ++epoch) {
+      sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+      sampler.reset();
+      while (auto idx = sampler.next(static_cast<std::size_t>(batch))) {
+        if (step++ == stop) return;
+        std::vector<std::int64_t> i64(idx->begin(), idx->end());
+        auto index = torch::tensor(i64, torch::kLong);
+        opt.zero_grad();
+        // k micro-batches: the first k - 1 backwards stay local, the last reduces their sum.
+        const auto micro = loom::split_microbatches(
+            std::make_tuple(X.index_select(0, index), Y.index_select(0, index)), k);
+        for (int j = 0; j < k; ++j) {
+          auto scope = rt.no_backward_sync(model, j + 1 < k);
+          const auto& [x, y] = micro[static_cast<std::size_t>(j)];
+          auto loss = torch::nn::functional::cross_entropy(rt.forward(model, x), y);
+          rt.backward(k > 1 ? loss / k : loss, model);
+        }
+        rt.optimizer_step(opt);
       }
-      rt.optimizer_step(opt);
     }
+  };
+  if (join_steps >= 0) {
+    auto joined = s.join();
+    train();
+  } else {
+    train();
   }
   auto flat = flat_params(*model).contiguous();
   std::ofstream out(dir + "/loom_rank" + std::to_string(s.rank()) + ".bin", std::ios::binary);
@@ -618,6 +670,7 @@ int main(int argc, char** argv) {
     if (mode == "collectives") return run_collectives();
     if (mode == "no_sync") return run_no_sync();
     if (mode == "hooks") return run_hooks();
+    if (mode == "join") return run_join();
     if (mode == "scaler") return run_scaler();
     if (mode == "fp8") return run_fp8();
     if (mode == "shapes") return run_shapes();

@@ -150,6 +150,35 @@ class NoSyncGuard {
   bool previous_;
 };
 
+/// Ddp::join's settings: Python's DistributedDataParallel.join(...).
+struct JoinOptions {
+  /// Divide the gradients by the world size the run started with (true, Python's default),
+  /// or by the number of ranks that have not joined yet (every input weighs the same).
+  bool divide_by_initial_world_size = true;
+  /// A rank that runs out of inputs makes every rank throw loom::Error (at its next forward)
+  /// instead of shadowing the others until they finish.
+  bool throw_on_early_termination = false;
+};
+
+class Ddp;
+
+/// The scope Ddp::join() returns: Python's `with ddp.join():`. Ranks with fewer batches than
+/// others shadow the collectives of the others' forwards and backwards when they leave the
+/// scope, until every rank has left it; then every rank holds the parameters (and buffers,
+/// with broadcast_buffers) of the rank that joined last. A scope left by an exception does
+/// not wait; a failed collective at its end throws loom::Error from the destructor.
+class JoinGuard {
+ public:
+  explicit JoinGuard(Ddp* ddp);
+  JoinGuard(const JoinGuard&) = delete;
+  JoinGuard& operator=(const JoinGuard&) = delete;
+  ~JoinGuard() noexcept(false);
+
+ private:
+  Ddp* ddp_;
+  int exceptions_;
+};
+
 /// "ddp": Python's DistributedDataParallel, driving the same engine from C++.
 ///
 /// The process group comes from the environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK,
@@ -199,6 +228,12 @@ class Ddp {
   /// Gradient accumulation: forwards and backwards within the guard's scope do not
   /// synchronize; the first backward after it does, over the accumulated gradients.
   [[nodiscard]] NoSyncGuard no_sync();
+  /// Uneven inputs (Python's DDP join()): every forward inside the scope tells the others that
+  /// this rank still has inputs; a rank leaving the scope shadows the others' all-reduces (its
+  /// gradients count as zero) until all have left. Collectives the loop makes besides DDP's
+  /// own (a metric's all_reduce, fp8-mixed's amax reduction) are not shadowed: keep them out
+  /// of the scope. Valid after setup(); one join at a time.
+  [[nodiscard]] JoinGuard join(JoinOptions options = {});
 
   int rank() const;
   int world_size() const;
@@ -240,7 +275,11 @@ class Ddp {
   void teardown();
 
  private:
+  friend class JoinGuard;
   void prepare_backward(const at::Tensor& loss);
+  /// JoinGuard's end: the shadowing loop, then the last joiner's state on every rank.
+  void finish_join();
+  void join_main_hook();
   c10::IValue broadcast_ivalue(const c10::IValue& value, int src);
   void barrier_named(std::string_view what);
   [[noreturn]] void fail(std::string_view what, std::exception_ptr error);
@@ -254,4 +293,5 @@ namespace loom {
 using dist::CommHook;
 using dist::Ddp;
 using dist::DdpOptions;
+using dist::JoinOptions;
 }  // namespace loom

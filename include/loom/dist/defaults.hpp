@@ -43,6 +43,8 @@ struct Defaults {
   }
   /// Gradient accumulation: within the guard's scope backward does not synchronize.
   NullGuard no_sync() { return {}; }
+  /// Uneven inputs: one process never waits for another.
+  NullGuard join() { return {}; }
 
   int rank() const { return 0; }
   int world_size() const { return 1; }
