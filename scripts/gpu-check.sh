@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with an NVIDIA GPU and a python that has torch (with CUDA), but no
 # OS packages and no network, configure loom against that torch, build the GPU tests and the
-# host-to-device prefetch and fp8 benchmarks, run them, and write a short report. About 8
-# minutes at most.
+# host-to-device prefetch, fp8 and DDP-cost benchmarks, run them, and write a short report.
+# About 8 minutes at most.
 #
 # Usage: scripts/gpu-check.sh [report-dir]        (default $OUT, else build-gpu-report)
 #   LOOM_THIRD_PARTY   packed headers (scripts/pack-gpu-deps.sh; default build-gpu-deps)
@@ -76,6 +76,9 @@ say "- configured in ${SECONDS}s"
 # 3. Build only what the check runs.
 targets=(loom_gpu_tests loom_precision_tests loom_bench_prefetch_cuda loom_bench_fp8_mlp)  # + optim.parity_cuda
 [ -f "$third/gloo/algorithm.h" ] && targets+=(loom_dist_worker)  # dist.cuda_nccl, dist.cuda_gloo
+# The DDP cost benchmark (section 7): loom::dist and CLI11's packed headers.
+ddp_bench=0
+[ -f "$third/gloo/algorithm.h" ] && [ -f "$third/CLI/CLI.hpp" ] && { targets+=(loom_bench_ddp); ddp_bench=1; }
 timeout "$(left)" "$cmake_bin" --build "$build" --target "${targets[@]}" \
   -j "$jobs" >"$out/build.log" 2>&1 ||
   { grep -E 'error|FAILED' "$out/build.log" | head -n 20; say "- build failed: build.log"; finish "FAILED" 1; }
@@ -164,6 +167,40 @@ for l in lines:
         if int(step) % 50 == 0 or l == [x for x in lines if x.startswith("loss ")][-1]:
             print(f"| {step} | {a} | {b} |")
 PY
+
+# 7. What DDP costs with room to overlap: the CPU benchmark of docs/benchmarks.md part 6 (2 ranks,
+#    gloo, one compute thread each), each rank pinned to half of this machine's cores, so gloo's
+#    threads run beside the backward pass. At most 150 s; reported, not a pass/fail step.
+say ""
+say "## DDP cost on the CPU, ranks pinned (benchmarks/ddp/ddp_vs_python.py --pin)"
+if [ "$ddp_bench" = 1 ]; then
+  budget=$(left); [ "$budget" -gt 150 ] && budget=150
+  timeout "$budget" "$py" "$root/benchmarks/ddp/ddp_vs_python.py" \
+    --bench "$build/benchmarks/ddp/loom_bench_ddp" --out "$out/ddp_vs_python.json" \
+    --sizes tiny,medium --precisions 32-true --extras 32-true --reps 1 --pin \
+    >"$out/ddp.txt" 2>&1
+  ddp_status=$?
+  "$py" - "$out/ddp_vs_python.json" <<'PY' | tee -a "$report"
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except OSError:
+    print("\n- no result (timed out or failed: ddp.txt)")
+    sys.exit(0)
+print(f"\n{d['cores']} cores, each rank pinned to half; best of {d['reps']}\n")
+print("| model | loom step ms | no-sync ms | buckets alone ms | bound (<= 1.10) | loom tax ms | "
+      "Python tax ms | loom k=4 ms | Python k=4 ms | loom fp16 / bf16 hook ms |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+for r in d["rows"]:
+    print(f"| {r['size']} | {r['loom_ms']:.3f} | {r['loom_nosync_ms']:.3f} | {r['buckets_ms']:.3f} | "
+          f"{r['bound']:.2f} | {r['loom_tax_ms']:.3f} | {r['python_tax_ms']:.3f} | "
+          f"{r['loom_k4_ms']:.3f} | {r['python_k4_ms']:.3f} | "
+          f"{r['loom_fp16_ms']:.3f} / {r['loom_bf16_ms']:.3f} |")
+PY
+  [ "$ddp_status" = 0 ] || say "- exit status $ddp_status (124: the 150 s budget ran out)"
+else
+  say "- not built (no gloo or CLI11 headers in $third: scripts/pack-gpu-deps.sh)"
+fi
 
 # ---- Optional: loom vs Lightning Fabric on CUDA (scripts/gpu-fabric-check.sh) ----------------
 # Off by default (LOOM_GPU_FABRIC=1 turns it on); needs lightning already installed in the python

@@ -6,6 +6,7 @@
 #   <dir>/boost/hana.hpp, boost/hana/...            Boost.Hana, and the few Boost headers it
 #                                                   includes (found with the compiler's -M)
 #   <dir>/gloo/...                                  gloo's headers, for loom::dist (headers only)
+#   <dir>/CLI/...                                   CLI11 (header-only), for the DDP benchmark
 # Usage: scripts/pack-gpu-deps.sh [dir]   (default build-gpu-deps, git-ignored; prints the dir)
 # Then: LOOM_THIRD_PARTY=<dir> scripts/gpu-check.sh
 set -euo pipefail
@@ -41,6 +42,11 @@ if [ -f "$inc/gloo/algorithm.h" ]; then
   cp -r "$inc/gloo" "$dest/"
 else
   echo "pack-gpu-deps: no $inc/gloo (libgloo-dev): the GPU check will build without loom::dist" >&2
+fi
+if [ -f "$inc/CLI/CLI.hpp" ]; then
+  cp -r "$inc/CLI" "$dest/"
+else
+  echo "pack-gpu-deps: no $inc/CLI (libcli11-dev): the GPU check will not run the DDP benchmark" >&2
 fi
 echo "pack-gpu-deps: $(find "$dest" -type f | wc -l) files, $(du -sh "$dest" | cut -f1)" >&2
 echo "$dest"

@@ -1,11 +1,20 @@
-"""loom::Ddp against Python's DistributedDataParallel: 2 ranks, gloo, CPU, one thread per rank,
-the tiny, medium and large MLPs of docs/benchmarks.md, steps/s side by side in one run (the
-two interleaved, best of --reps); plus loom's all-reduce overlap: the time of a DDP step
-against the time of the same step without communication plus one all-reduce of all gradients.
+"""What DDP costs, loom::Ddp beside Python's DistributedDataParallel: 2 ranks, gloo, CPU, one
+compute thread per rank, the tiny, medium and large MLPs of docs/benchmarks.md, every figure
+from one run (the variants interleaved, best of --reps).
+
+Per model and precision:
+- the DDP tax: the step minus the same step with every backward under no_backward_sync
+  (loom) / no_sync() (Python); target loom's tax <= Python's;
+- the bound: loom's step against (its no-sync step + the reducer's bucket all-reduces run
+  alone, one after the other); target <= 1.10 (below 1: communication overlaps the backward);
+- for the --extras precisions: gradient accumulation, 4 micro-batches per step (the first 3
+  under no_sync), loom against Python; the fp16 and bf16 compression hooks against the plain
+  all-reduce, on both sides.
 
 Usage: python ddp_vs_python.py --bench BUILD/benchmarks/ddp/loom_bench_ddp --out OUT.json
                                [--sizes tiny,medium,large] [--precisions 32-true,bf16-mixed]
-                               [--reps 3]
+                               [--extras 32-true] [--reps 3] [--pin]
+--pin: each rank's threads on its half of the cores (a machine with many cores).
 """
 
 import argparse
@@ -45,37 +54,54 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--sizes", default="tiny,medium,large")
     ap.add_argument("--precisions", default="32-true,bf16-mixed")
+    ap.add_argument("--extras", default="32-true")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--pin", action="store_true")
     a = ap.parse_args()
+    pin = ["--pin"] if a.pin else []
     rows = []
     for name in a.sizes.split(","):
         sizes, batch, steps, warmup = SIZES[name]
         common = ["--sizes", sizes, "--batch", str(batch), "--steps", str(steps), "--warmup",
-                  str(warmup)]
+                  str(warmup), *pin]
         for precision in a.precisions.split(","):
-            best = {"loom": 0.0, "python": 0.0, "compute": 0.0, "comm": 0.0}
+            p = common + ["--precision", precision]
+            # variant: (command, arguments)
+            loom = ["--no-python", a.bench, *p]
+            python = [str(HERE / "python_ddp.py"), *p]
+            variants = {
+                "loom": loom + ["--mode", "ddp"], "loom_nosync": loom + ["--mode", "nosync"],
+                "python": python + ["--mode", "ddp"],
+                "python_nosync": python + ["--mode", "nosync"],
+                "buckets": loom + ["--mode", "buckets"],
+            }
+            if precision in a.extras.split(","):
+                variants.update({
+                    "loom_k4": loom + ["--accumulate", "4"],
+                    "python_k4": python + ["--accumulate", "4"],
+                    "loom_fp16": loom + ["--comm-hook", "fp16"],
+                    "loom_bf16": loom + ["--comm-hook", "bf16"],
+                    "python_fp16": python + ["--comm-hook", "fp16"],
+                    "python_bf16": python + ["--comm-hook", "bf16"],
+                })
+            runs = {v: [] for v in variants}
             for _ in range(a.reps):
-                p = common + ["--precision", precision]
-                best["loom"] = max(best["loom"], torchrun(
-                    ["--no-python", a.bench, *p, "--mode", "ddp"])["steps_per_s"])
-                best["python"] = max(best["python"], torchrun(
-                    [str(HERE / "python_ddp.py"), *p])["steps_per_s"])
-                best["compute"] = max(best["compute"], torchrun(
-                    ["--no-python", a.bench, *p, "--mode", "compute"])["steps_per_s"])
-                best["comm"] = max(best["comm"], torchrun(
-                    ["--no-python", a.bench, *p, "--mode", "comm"])["steps_per_s"])
-            step_ms = 1000 / best["loom"]
-            compute_ms, comm_ms = 1000 / best["compute"], 1000 / best["comm"]
-            row = {"size": name, "layers": sizes, "batch": batch, "precision": precision,
-                   "loom_steps_per_s": round(best["loom"], 1),
-                   "python_steps_per_s": round(best["python"], 1),
-                   "ratio": round(best["loom"] / best["python"], 3),
-                   "step_ms": round(step_ms, 3), "compute_ms": round(compute_ms, 3),
-                   "comm_ms": round(comm_ms, 3),
-                   "overlap_ratio": round(step_ms / (compute_ms + comm_ms), 3)}
+                for v, cmd in variants.items():
+                    runs[v].append(torchrun(cmd)["ms_per_step"])
+            ms = {v: min(t) for v, t in runs.items()}
+            row = {"size": name, "layers": sizes, "batch": batch, "precision": precision}
+            row.update({f"{v}_ms": round(t, 4) for v, t in ms.items()})
+            # The spread: each variant's slowest run against its best.
+            row["spread"] = round(max(max(t) / min(t) - 1 for t in runs.values()), 3)
+            row["runs_ms"] = {v: [round(x, 4) for x in t] for v, t in runs.items()}
+            row["loom_tax_ms"] = round(ms["loom"] - ms["loom_nosync"], 4)
+            row["python_tax_ms"] = round(ms["python"] - ms["python_nosync"], 4)
+            row["loom_vs_python"] = round(ms["python"] / ms["loom"], 3)
+            row["bound"] = round(ms["loom"] / (ms["loom_nosync"] + ms["buckets"]), 3)
             rows.append(row)
             print(json.dumps(row), flush=True)
     Path(a.out).write_text(json.dumps({"ranks": 2, "backend": "gloo", "threads_per_rank": 1,
+                                       "pinned": a.pin, "cores": os.cpu_count(),
                                        "reps": a.reps, "rows": rows}, indent=1) + "\n")
 
 

@@ -379,7 +379,8 @@ c10::intrusive_ptr<c10d::Store> connect_store(const detail::DdpState& s) {
     store->setTimeout(timeout);
     return store;
   } catch (...) {
-    const std::string text = message_of(std::current_exception());
+    std::string text = message_of(std::current_exception());
+    while (!text.empty() && (text.back() == '.' || text.back() == '\n')) text.pop_back();
     const bool server = s.env.rank == 0 && !s.env.agent_store;
     throw Error("loom::Ddp: rank " + std::to_string(s.env.rank) + " of " +
                 std::to_string(s.env.world_size) +
