@@ -168,17 +168,22 @@ def case_collectives(worker, tmp):
     return f"3 ranks, {t:.1f} s"
 
 
-def case_no_sync(worker, tmp):
-    res, t = run_ranks(worker, "no_sync", 2, 120, tmp)
-    expect(res, 0, "no_sync: first backward local yes")
-    return f"2 ranks, {t:.1f} s"
+def simple_case(mode, needle, what):
+    """A case whose ranks (2) all exit 0 and print `needle`; it reports `what`."""
+    def case(worker, tmp):
+        res, t = run_ranks(worker, mode, 2, 120, tmp)
+        expect(res, 0, needle)
+        return f"2 ranks, {what}{t:.1f} s"
+    return case
 
 
-def case_hooks(worker, tmp):
-    res, t = run_ranks(worker, "hooks", 2, 120, tmp)
-    expect(res, 0, "hooks: buckets reduced per step k=1: 1 4 4; k=2: 4 4 4; k=4: 4 4 4 "
-                   "(each once), params equal")
-    return f"2 ranks, a counting user hook, k = 1, 2, 4, {t:.1f} s"
+case_no_sync = simple_case("no_sync", "no_sync: first backward local yes", "")
+case_hooks = simple_case("hooks", "hooks: buckets reduced per step k=1: 1 4 4; k=2: 4 4 4; "
+                         "k=4: 4 4 4 (each once), params equal",
+                         "a counting user hook, k = 1, 2, 4, ")
+case_scaler = simple_case("scaler", "scaler: skipped together yes, state equal yes", "16-mixed, ")
+case_fp8 = simple_case("fp8", "fp8: scales equal yes, input scale 224.000000",
+                       "fp8-mixed delayed scaling, ")
 
 
 def case_join(worker, tmp):
@@ -195,18 +200,6 @@ def case_join(worker, tmp):
            "another rank has run out of inputs", ranks=[1])
     return (f"10 and 12 batches: joined in {t:.1f} s ({t2:.1f} s dividing by the ranks still "
             f"in); throw_on_early_termination: both ranks raised in {t3:.1f} s")
-
-
-def case_scaler(worker, tmp):
-    res, t = run_ranks(worker, "scaler", 2, 120, tmp)
-    expect(res, 0, "scaler: skipped together yes, state equal yes")
-    return f"2 ranks, 16-mixed, {t:.1f} s"
-
-
-def case_fp8(worker, tmp):
-    res, t = run_ranks(worker, "fp8", 2, 120, tmp)
-    expect(res, 0, "fp8: scales equal yes, input scale 224.000000")
-    return f"2 ranks, fp8-mixed delayed scaling, {t:.1f} s"
 
 
 def case_shapes(worker, tmp):

@@ -44,6 +44,17 @@ void require_same_shape(S& s, const at::Tensor& t, std::string_view what) {
   }
 }
 
+/// A copy of `batch` whose every tensor leaf is a contiguous copy that `collective` then
+/// changes in place (all_reduce, broadcast).
+template <class B, class Collective>
+B on_copies(const B& batch, Collective&& collective) {
+  return batch::map(batch, [&](const at::Tensor& t) {
+    at::Tensor c = t.clone(at::MemoryFormat::Contiguous);
+    collective(c);
+    return c;
+  });
+}
+
 }  // namespace detail
 
 /// A copy of `batch` whose every tensor leaf is reduced over the ranks with `op` (a contiguous
@@ -53,11 +64,7 @@ void require_same_shape(S& s, const at::Tensor& t, std::string_view what) {
 ///                {"loss", loss_sum}, {"correct", correct}}, loom::dist::ReduceOp::Sum);
 template <StrategyPolicy S, class B>
 B all_reduce(S& s, const B& batch, ReduceOp op) {
-  return batch::map(batch, [&](const at::Tensor& t) {
-    at::Tensor c = t.clone(at::MemoryFormat::Contiguous);
-    s.all_reduce(c, op);
-    return c;
-  });
+  return detail::on_copies(batch, [&](at::Tensor& c) { s.all_reduce(c, op); });
 }
 
 /// A copy of `batch` whose every tensor leaf of shape (d...) becomes the ranks' leaves stacked,
@@ -75,11 +82,7 @@ B all_gather(S& s, const B& batch) {
 /// shape and dtype to receive into).
 template <StrategyPolicy S, class B>
 B broadcast(S& s, const B& batch, int src) {
-  return batch::map(batch, [&](const at::Tensor& t) {
-    at::Tensor c = t.clone(at::MemoryFormat::Contiguous);
-    s.broadcast(c, src);
-    return c;
-  });
+  return detail::on_copies(batch, [&](at::Tensor& c) { s.broadcast(c, src); });
 }
 
 }  // namespace loom::dist
