@@ -1,0 +1,100 @@
+// loom::Checkpoints: a run's checkpoints in a directory, what it keeps, `latest`, and resuming
+// from the newest one that loads.
+#include "support/catch.hpp"
+#include "support/warnings.hpp"
+
+#include <unistd.h>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+
+#include <loom/loom.hpp>
+#include <loom/state/checkpoints.hpp>
+
+using Catch::Matchers::Contains;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("loom_ckpt_dir_" + std::to_string(::getpid()));
+  TempDir() {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+/// The model's weight after `step` steps of this toy run: its value names the step.
+void set_step(torch::nn::Linear& model, std::int64_t step) {
+  at::NoGradGuard no_grad;
+  model->weight.fill_(static_cast<double>(step));
+}
+
+}  // namespace
+
+TEST_CASE("Checkpoints keeps the last K and every M-th, points latest at the newest, resumes",
+          "[checkpoint][directory]") {
+  TempDir tmp;
+  const auto dir = tmp.path / "run";
+  loom::Runtime<loom::Cpu, loom::Fp32> rt;
+  torch::nn::Linear model(3, 2);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  rt.setup(model, opt);
+  loom::State state{{"model", model}, {"optimizer", opt}, {"runtime", rt}};
+
+  loom::Checkpoints ckpt(dir, {.keep_last = 2, .keep_every = 2});
+  CHECK(ckpt.steps().empty());
+  CHECK_FALSE(ckpt.resume(rt, state).has_value());  // a fresh run: nothing to resume
+
+  for (std::int64_t step = 1; step <= 5; ++step) {
+    set_step(model, step);
+    ckpt.save(rt, step, state, {.sync = false});
+  }
+  // The last two (4, 5) and the multiples of 2 (2, 4); 1 and 3 are gone.
+  CHECK(ckpt.steps() == std::vector<std::int64_t>{2, 4, 5});
+  CHECK(ckpt.latest() == 5);
+  CHECK(fs::exists(dir / "step-5.pt"));
+  CHECK_FALSE(fs::exists(dir / "step-3.pt"));
+
+  set_step(model, -1);
+  CHECK(ckpt.resume(rt, state) == 5);
+  CHECK(model->weight.eq(5).all().item<bool>());
+
+  SECTION("a truncated newest checkpoint is skipped with a warning naming it") {
+    const auto newest = dir / "step-5.pt";
+    fs::resize_file(newest, fs::file_size(newest) / 2);
+    set_step(model, -1);
+    loom::testing::WarningCatcher warnings;
+    CHECK(ckpt.resume(rt, state) == 4);
+    CHECK(model->weight.eq(4).all().item<bool>());
+    REQUIRE(warnings.messages.size() == 1);
+    CHECK_THAT(warnings.messages[0], Contains("skipping") && Contains("step-5.pt"));
+  }
+  SECTION("when no checkpoint loads, the error says so") {
+    for (auto s : ckpt.steps()) std::ofstream(ckpt.path(s), std::ios::trunc) << "not a zip";
+    loom::testing::WarningCatcher warnings;
+    CHECK_THROWS_WITH(ckpt.resume(rt, state),
+                      Contains("no checkpoint in") && Contains("loads; the oldest failed with"));
+    CHECK(warnings.messages.size() == 3);
+  }
+  SECTION("files that are not step-<N>.pt are ignored") {
+    std::ofstream(dir / ".step-9.pt.tmp.123") << "a killed save";
+    std::ofstream(dir / "step-x.pt") << "not a step";
+    CHECK(ckpt.steps() == std::vector<std::int64_t>{2, 4, 5});
+  }
+}
+
+TEST_CASE("Checkpoints refuses options that keep nothing", "[checkpoint][directory]") {
+  CHECK_THROWS_WITH(loom::Checkpoints("d", {.keep_last = 0}),
+                    Contains("keep_last must be at least 1"));
+  CHECK_THROWS_WITH(loom::Checkpoints("d", {.keep_last = 1, .keep_every = -1}),
+                    Contains("keep_every must be >= 0"));
+}
