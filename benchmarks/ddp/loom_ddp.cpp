@@ -2,7 +2,7 @@
 // trained by loom::Runtime<Cpu, P, loom::Ddp>, started by torchrun, one thread per rank.
 //
 //   loom_bench_ddp --sizes 32,64,64,10 --batch 32 --steps 600 --warmup 30
-//                  --precision 32-true --mode ddp|nosync|buckets [--accumulate K]
+//                  --precision 32-true --mode ddp|nosync|buckets|stop [--accumulate K]
 //                  [--comm-hook none|fp16|bf16] [--pin]
 //
 // ddp: the whole DDP step (forward, backward with the bucketed all-reduce, SGD step); with
@@ -11,6 +11,8 @@
 // buckets: the all-reduces alone: one fp32 tensor per bucket of the reducer's plan (c10d's
 //   compute_bucket_assignment_by_size over the gradients in ready order, 1 MiB then 25 MiB
 //   buckets), each all-reduced and waited for in turn, per step.
+// stop: loom::StopSignal::should_stop(rt) alone, what a preemption check at every step costs
+//   (one int all-reduced with Max and read back).
 // --pin: this rank's threads on its half of the machine's cores (sched_setaffinity).
 // Rank 0 prints one JSON object: {"mode", "steps_per_s", "ms_per_step"}.
 #include <sched.h>
@@ -34,6 +36,7 @@
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include <loom/dist/ddp.hpp>
+#include <loom/dist/stop_signal.hpp>
 #include <loom/loom.hpp>
 
 namespace {
@@ -113,6 +116,14 @@ double run(const Options& o, const std::vector<int64_t>& sizes) {
         },
         sync);
   }
+  if (o.mode == "stop") {
+    loom::StopSignal stop;
+    int stops = 0;
+    const double secs = seconds_for(
+        o.warmup, o.steps, [&](int) { stops += stop.should_stop(rt) ? 1 : 0; }, sync);
+    if (stops != 0) throw loom::Error("a stop signal arrived during the benchmark");
+    return secs;
+  }
   std::vector<torch::Tensor> xs, ys;
   for (int i = 0; i < 8; ++i) {
     xs.push_back(torch::randn({o.batch, sizes.front()}));
@@ -149,7 +160,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.steps);
   app.add_option("--warmup", o.warmup);
   app.add_option("--precision", o.precision)->check(CLI::IsMember({"32-true", "bf16-mixed"}));
-  app.add_option("--mode", o.mode)->check(CLI::IsMember({"ddp", "nosync", "buckets"}));
+  app.add_option("--mode", o.mode)->check(CLI::IsMember({"ddp", "nosync", "buckets", "stop"}));
   app.add_option("--accumulate", o.accumulate)->check(CLI::PositiveNumber);
   app.add_option("--comm-hook", o.comm_hook)->check(CLI::IsMember({"none", "fp16", "bf16"}));
   app.add_flag("--pin", o.pin);

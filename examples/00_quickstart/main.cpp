@@ -4,7 +4,7 @@
 //              [--epochs 1] [--max-steps N] [--batch-size 64] [--lr 1e-3]
 //              [--warmup-steps N]
 //              [--metrics metrics.csv [--log-every 10]]
-//              [--checkpoint DIR [--checkpoint-every 100] [--resume]]
+//              [--checkpoint-dir DIR [--checkpoint-every 100] [--keep 3] [--async-save]]
 //
 // --device and --precision take Composer's and Lightning's names ("cuda", "bf16-mixed", ...):
 // loom::with_runtime turns the two strings into a Runtime type, and train_and_evaluate is
@@ -14,11 +14,16 @@
 // --warmup-steps N > 0 schedules the lr: N steps of linear warm-up, then cosine annealing to 0
 // at the last step (loom::optim::WarmupCosineLR, which only counts the steps that applied).
 // --metrics writes a CSV (step,loss,lr,samples_per_s) that scripts/plot_metrics.py plots.
-// --checkpoint DIR saves the whole training state (model, optimizer, the runtime's RNG and
-// GradScaler, the lr schedule, the step) to DIR/last.pt every --checkpoint-every steps and at
-// the end, atomically; --resume loads DIR/last.pt first and continues from its step, mid-epoch
-// included: the same bits as a run that never stopped. The file is a torch.save file: Python
-// opens it with torch.load (docs/checkpoints.md).
+// --checkpoint-dir DIR saves the whole training state (model, optimizer, the runtime's RNG and
+// GradScaler, the lr schedule, the sampler's position, the step) to DIR/step-N.pt every
+// --checkpoint-every steps, atomically, keeping the newest --keep (loom::Checkpoints), and the
+// final state to DIR/final.pt. A run started on a DIR that holds a checkpoint resumes from the
+// newest one that loads, mid-epoch included: the same bits as a run that never stopped.
+// --async-save writes the periodic checkpoints in a background thread (loom::Checkpoints'
+// {.async = true}). SIGTERM, SIGINT or SIGUSR1 (a scheduler's preemption, Ctrl-C) saves the
+// step reached and
+// exits with 128 + the signal (143 for SIGTERM); run it again to continue. The files are
+// torch.save files: Python opens them with torch.load (docs/checkpoints.md).
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -42,7 +47,9 @@
 #include <torch/nn/modules/linear.h>
 #include <CLI/CLI.hpp>
 
+#include <loom/dist/stop_signal.hpp>
 #include <loom/loom.hpp>
+#include <loom/state/checkpoints.hpp>
 
 #include "common/progress.hpp"
 
@@ -59,9 +66,15 @@ struct Options {
   int64_t warmup_steps = 0;  // 0: a constant lr
   std::string metrics;       // empty: no CSV
   int64_t log_every = 10;
-  std::string checkpoint;  // empty: no checkpoints
+  std::string checkpoint_dir;  // empty: no checkpoints
   int64_t checkpoint_every = 100;
-  bool resume = false;
+  bool async_save = false;
+  std::size_t keep = 3;
+};
+
+/// A run stopped by a signal after saving its step; main exits with `code`.
+struct Stopped {
+  int code;
 };
 
 /// The --metrics CSV: a row every `every` steps with the mean loss of those steps, the
@@ -170,20 +183,22 @@ double train_and_evaluate(RT& rt, const Options& o) {
   loom::State state{
       {"model", model}, {"optimizer", opt}, {"runtime", rt}, {"sampler", sampler}, {"step", step}};
   if (schedule) state.emplace_back("scheduler", *schedule);
-  const std::filesystem::path last = o.checkpoint.empty()
-                                         ? std::filesystem::path()
-                                         : std::filesystem::path(o.checkpoint) / "last.pt";
-  if (!last.empty()) std::filesystem::create_directories(last.parent_path());
-  if (o.resume) {
-    if (last.empty()) throw std::runtime_error("--resume needs --checkpoint DIR");
-    rt.load(last, state);
-    std::printf("resumed from %s at step %lld\n", last.string().c_str(),
-                static_cast<long long>(step));
+  std::optional<loom::Checkpoints> ckpt;
+  if (!o.checkpoint_dir.empty()) {
+    ckpt.emplace(o.checkpoint_dir, loom::CheckpointsOptions{.keep_last = o.keep});
+    if (auto resumed = ckpt->resume(rt, state)) {  // the newest checkpoint that loads
+      std::printf("resumed from %s at step %lld\n", ckpt->path(*resumed).string().c_str(),
+                  static_cast<long long>(step));
+    }
   }
+  loom::StopSignal stop;  // SIGTERM, SIGINT, SIGUSR1: save the step reached, then leave
   const int64_t start = step;
   examples::Progress progress(total_steps - start);
-  auto save = [&] {
-    if (!last.empty()) rt.save(last, state);
+  // --async-save: the periodic saves copy the state and write it in the background while
+  // training goes on; the last save before leaving is synchronous (it waits for the one
+  // before it, whose error, if any, every rank throws).
+  auto save = [&](bool in_background = false) {
+    if (ckpt) ckpt->save(rt, step, state, {.sync = true, .async = in_background});
   };
   for (auto epoch = static_cast<int>(sampler.epoch()); epoch < o.epochs && step != o.max_steps;
        ++epoch) {
@@ -220,15 +235,25 @@ double train_and_evaluate(RT& rt, const Options& o) {
       ++step;
       progress.step(batch.data.size(0), l);
       metrics.step(step, l, batch.data.size(0), lr());
-      if (step % o.checkpoint_every == 0) save();
+      if (step % o.checkpoint_every == 0) save(o.async_save);
+      if (stop.should_stop(rt)) {
+        progress.finish();
+        if (step % o.checkpoint_every != 0) save();
+        std::printf("stopped by signal %d at step %lld%s\n", stop.signal(),
+                    static_cast<long long>(step), ckpt ? ", saved" : " (no --checkpoint-dir)");
+        throw Stopped{stop.exit_code()};
+      }
       if (step == o.max_steps) break;  // before the loader fetches a batch it will not train on
     }
   }
   progress.finish();
-  if (!last.empty() && step != start) {
-    save();
-    std::printf("checkpoint: step %lld saved to %s\n", static_cast<long long>(step),
-                last.string().c_str());
+  if (ckpt) {
+    if (step % o.checkpoint_every != 0) save();
+    ckpt->wait(rt);  // a background save still under way
+    const auto final_path = ckpt->dir() / "final.pt";
+    rt.save(final_path, state);
+    std::printf("checkpoint: step %lld saved, final state in %s\n", static_cast<long long>(step),
+                final_path.string().c_str());
   }
   metrics.finish(step, lr());
   if (schedule) std::printf("lr schedule: final lr %g\n", lr());
@@ -268,10 +293,15 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--metrics", o.metrics, "write step,loss,lr,samples_per_s rows to this CSV");
   app.add_option("--log-every", o.log_every, "steps per metrics row")->check(CLI::PositiveNumber);
-  app.add_option("--checkpoint", o.checkpoint, "save the training state to DIR/last.pt");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "save the training state to DIR/step-N.pt and DIR/final.pt; resume from the "
+                 "newest checkpoint there");
   app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints")
       ->check(CLI::PositiveNumber);
-  app.add_flag("--resume", o.resume, "continue from DIR/last.pt (needs --checkpoint DIR)");
+  app.add_option("--keep", o.keep, "checkpoints kept in DIR (the newest)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--async-save", o.async_save,
+               "write the periodic checkpoints in a background thread while training goes on");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -282,6 +312,8 @@ int main(int argc, char** argv) {
     std::printf("test accuracy %.2f%%: %s\n", 100 * accuracy,
                 learned ? "learned" : "did NOT learn");
     return learned ? 0 : 1;
+  } catch (const Stopped& s) {
+    return s.code;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "quickstart: %s\n", e.what());
     return 2;

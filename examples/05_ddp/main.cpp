@@ -4,6 +4,7 @@
 //   torchrun --nproc-per-node=2 --no-python ddp --data build/data/fashion-mnist
 //            [--device cpu] [--precision 32-true] [--epochs 1] [--max-steps N]
 //            [--batch-size 64] [--lr 1e-3] [--accumulate 1] [--comm-hook none]
+//            [--checkpoint-dir DIR [--checkpoint-every 100] [--keep 3] [--async-save]]
 //
 // Also runs started by hand (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set on every rank),
 // and as one process with none of them set. loom::Ddp reads torchrun's environment, connects
@@ -11,7 +12,18 @@
 // backward; a loom::DistributedSampler gives each rank Python's share of the data. The loss
 // on the progress bar (rank 0's) and the test accuracy are averaged over the ranks. Exits 1 if
 // the model did not learn (accuracy below 70%), 2 on an error such as a rank that died.
+//
+// --checkpoint-dir DIR: every --checkpoint-every steps the ranks save the whole state (model,
+// optimizer, every rank's RNG, the sampler's epoch and position, the step) to DIR/step-N.pt
+// (loom::Checkpoints, rank 0 writes, the newest --keep kept), and the final state to
+// DIR/final.pt; --async-save writes the periodic ones in a background thread. Started on a
+// DIR that holds a checkpoint, the run resumes from it: after a
+// torchrun restart (--max-restarts) too, so a killed worker costs the steps since the last
+// save and the run ends with the bits of one that never stopped. SIGTERM, SIGINT or SIGUSR1
+// on any rank (a preemption) makes every rank save the same step and exit with 128 + the
+// signal (143 for SIGTERM). Under torchrun a worker dies with its agent (loom::Ddp).
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -31,7 +43,9 @@
 
 #include <loom/dist/ddp.hpp>
 #include <loom/dist/rank_zero.hpp>
+#include <loom/dist/stop_signal.hpp>
 #include <loom/loom.hpp>
+#include <loom/state/checkpoints.hpp>
 
 #include "common/progress.hpp"
 
@@ -47,6 +61,15 @@ struct Options {
   double lr = 1e-3;
   int64_t accumulate = 1;
   std::string comm_hook = "none";
+  std::string checkpoint_dir;  // empty: no checkpoints
+  int64_t checkpoint_every = 100;
+  bool async_save = false;
+  std::size_t keep = 3;
+};
+
+struct Outcome {
+  double accuracy = 0;
+  int stopped = 0;  // the exit code of a run a signal stopped (128 + the signal), else 0
 };
 
 auto dataset(const std::string& root, torch::data::datasets::MNIST::Mode mode) {
@@ -64,7 +87,7 @@ double mean_over_ranks(S& strategy, double value) {
 }
 
 template <class RT>
-double train_and_evaluate(RT& rt, const Options& o) {
+Outcome train_and_evaluate(RT& rt, const Options& o) {
   using Mode = torch::data::datasets::MNIST::Mode;
   auto& s = rt.strategy();
   torch::nn::Sequential model(torch::nn::Flatten(), torch::nn::Linear(28 * 28, 256),
@@ -74,31 +97,52 @@ double train_and_evaluate(RT& rt, const Options& o) {
 
   auto train_set = dataset(o.data, Mode::kTrain);
   const auto n_train = *train_set.size();
-  const loom::DistributedSampler shard(n_train, s);
+  // Each rank's share, shuffled by epoch from a seed of its own; the loader draws from this
+  // sampler itself (SamplerRef), so a checkpoint holds its epoch and position.
+  loom::DistributedSampler sampler(n_train, s);
+  auto loader = torch::data::make_data_loader(std::move(train_set), loom::SamplerRef(sampler),
+                                              torch::data::DataLoaderOptions(o.batch_size));
   loom::dist::rank_zero_print(s, "training on " + std::to_string(s.world_size()) + " rank(s), " +
-                                     std::to_string(shard.num_samples()) + " of " +
+                                     std::to_string(sampler.num_samples()) + " of " +
                                      std::to_string(n_train) + " images each, " +
                                      std::string(RT::precision_name()) + " on " +
                                      std::string(rt.device().name()) + ", backend " +
                                      std::string(s.backend()) + ", comm hook " + o.comm_hook);
   const auto per_epoch =
-      static_cast<int64_t>((shard.num_samples() + o.batch_size - 1) / o.batch_size);
+      static_cast<int64_t>((sampler.num_samples() + o.batch_size - 1) / o.batch_size);
   int64_t total_steps = o.epochs * per_epoch;
   if (o.max_steps >= 0) total_steps = std::min(total_steps, o.max_steps);
+
+  int64_t step = 0;
+  loom::State state{
+      {"model", model}, {"optimizer", opt}, {"runtime", rt}, {"sampler", sampler}, {"step", step}};
+  std::optional<loom::Checkpoints> ckpt;
+  if (!o.checkpoint_dir.empty()) {
+    ckpt.emplace(o.checkpoint_dir, loom::CheckpointsOptions{.keep_last = o.keep});
+    if (auto resumed = ckpt->resume(rt, state)) {  // every rank reads the newest that loads
+      loom::dist::rank_zero_print(s, "resumed from " + ckpt->path(*resumed).string() + " at step " +
+                                         std::to_string(step) + " (restart " +
+                                         std::to_string(s.environment().restart_count) + ")");
+    }
+  }
+  // --async-save: the periodic saves copy the state and write it in the background while
+  // training goes on; the last save before leaving is synchronous (it waits for the one
+  // before it, whose error, if any, every rank throws).
+  auto save = [&](bool in_background = false) {
+    if (ckpt) ckpt->save(rt, step, state, {.sync = true, .async = in_background});
+  };
+  // SIGTERM, SIGINT, SIGUSR1 on any rank: every rank saves the same step, then leaves.
+  loom::StopSignal stop;
   // The bar on rank 0 only; every rank runs the same number of steps (the sampler pads).
   std::optional<examples::Progress> progress;
-  if (s.is_global_zero()) progress.emplace(total_steps);
-  int64_t step = 0;
-  for (int epoch = 0; epoch < o.epochs && step != o.max_steps; ++epoch) {
-    // The sampler lives in the loader, so each epoch gets a loader whose sampler has the
-    // epoch set: Python's set_epoch before iterating.
-    loom::DistributedSampler sampler(n_train, s);
+  if (s.is_global_zero()) progress.emplace(total_steps - step);
+  for (auto epoch = static_cast<int>(sampler.epoch()); epoch < o.epochs && step < total_steps;
+       ++epoch) {
+    // Python's set_epoch before iterating; after a resume, the loaded epoch's first reset
+    // keeps the sampler's loaded position.
     sampler.set_epoch(static_cast<uint64_t>(epoch));
-    auto loader = torch::data::make_data_loader(train_set, std::move(sampler),
-                                                torch::data::DataLoaderOptions(o.batch_size));
     model->train();
     for (auto& batch : rt.dataloader(*loader)) {
-      if (step == o.max_steps) break;
       // --accumulate K: K micro-batches per step; the first K - 1 backwards stay local
       // (no_backward_sync), the last all-reduces their sum. The loss is the mean over them.
       const auto k = std::min<int64_t>(o.accumulate, batch.data.size(0));
@@ -115,9 +159,28 @@ double train_and_evaluate(RT& rt, const Options& o) {
       ++step;
       l = mean_over_ranks(s, l);
       if (progress) progress->step(batch.data.size(0) * s.world_size(), l);
+      if (step % o.checkpoint_every == 0) save(o.async_save);
+      if (stop.should_stop(rt)) {
+        if (progress) progress->finish();
+        if (step % o.checkpoint_every != 0) save();
+        loom::dist::rank_zero_print(s, "stopped by signal " + std::to_string(stop.signal()) +
+                                           " at step " + std::to_string(step) +
+                                           (ckpt ? ", saved" : " (no --checkpoint-dir)"));
+        rt.teardown();
+        return {0, stop.exit_code()};
+      }
+      if (step == total_steps) break;  // before the loader fetches a batch it will not use
     }
   }
   if (progress) progress->finish();
+  if (ckpt) {
+    if (step % o.checkpoint_every != 0) save();
+    ckpt->wait(rt);  // a background save still under way
+    const auto final_path = ckpt->dir() / "final.pt";
+    rt.save(final_path, state);
+    loom::dist::rank_zero_print(s, "checkpoint: step " + std::to_string(step) +
+                                       " saved, final state in " + final_path.string());
+  }
 
   // Each rank scores its share of the test set; the counts are summed over the ranks.
   model->eval();
@@ -135,7 +198,7 @@ double train_and_evaluate(RT& rt, const Options& o) {
   }
   s.all_reduce(counts, loom::dist::ReduceOp::Sum);
   rt.teardown();
-  return counts[0].item<double>() / counts[1].item<double>();
+  return {counts[0].item<double>() / counts[1].item<double>(), 0};
 }
 
 }  // namespace
@@ -161,6 +224,15 @@ int main(int argc, char** argv) {
                  "micro-batches per step: each batch is cut into K, the first K - 1 backwards "
                  "skip the all-reduce (rt.no_backward_sync), the last reduces their sum")
       ->check(CLI::PositiveNumber);
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "save the training state to DIR/step-N.pt and DIR/final.pt; resume from the "
+                 "newest checkpoint there (after a torchrun restart too)");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--keep", o.keep, "checkpoints kept in DIR (the newest)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--async-save", o.async_save,
+               "write the periodic checkpoints in a background thread while training goes on");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -168,13 +240,15 @@ int main(int argc, char** argv) {
     int rank = 0;
     loom::DdpOptions ddp;
     ddp.comm_hook = loom::CommHook::parse(o.comm_hook);
-    double accuracy = loom::with_runtime(
+    Outcome outcome = loom::with_runtime(
         o.device, o.precision,
         [&](auto& rt) {
           rank = rt.strategy().rank();
           return train_and_evaluate(rt, o);
         },
         loom::RuntimeOptions{}, loom::Ddp(ddp));
+    if (outcome.stopped != 0) return outcome.stopped;
+    const double accuracy = outcome.accuracy;
     bool learned = accuracy >= 0.70;
     if (rank == 0) {
       std::printf("test accuracy %.2f%% over all ranks: %s\n", 100 * accuracy,

@@ -3,6 +3,7 @@
 #include <loom/dist/ddp.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <csignal>
 #include <cstdint>
@@ -15,6 +16,11 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
+
+#ifdef __linux__
+#include <sys/prctl.h>
+#include <unistd.h>
+#endif
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
@@ -137,6 +143,28 @@ CommHook CommHook::parse(std::string_view name) {
               "\"; choose none, fp16 or bf16");
 }
 
+namespace {
+
+/// Under torchrun's agent: the kernel kills this process when its parent (the agent, which
+/// started it) dies. A parent that died between getppid() and prctl() changed getppid()
+/// (this process went to init or a subreaper): then it leaves now. One that died earlier
+/// took its store with it, and connecting fails within DdpOptions::timeout.
+void die_with_parent() {
+#ifdef __linux__
+  const pid_t parent = getppid();
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) {
+    throw Error(std::string("loom::Ddp: prctl(PR_SET_PDEATHSIG) failed: ") + std::strerror(errno));
+  }
+  if (getppid() != parent) {
+    throw Error(
+        "loom::Ddp: torchrun's agent, which started this worker, has exited (TORCHELASTIC_RUN_ID "
+        "is set but the parent process is gone); leaving without training");
+  }
+#endif
+}
+
+}  // namespace
+
 Environment read_environment() {
   Environment e;
   const char* rank = env("RANK");
@@ -167,6 +195,13 @@ Environment read_environment() {
   }
   const char* agent = env("TORCHELASTIC_USE_AGENT_STORE");
   e.agent_store = agent && std::string_view(agent) == "True";
+  e.under_agent = env("TORCHELASTIC_RUN_ID") != nullptr;
+  e.restart_count = loom::detail::parse_env_index(env("TORCHELASTIC_RESTART_COUNT"), who,
+                                                  "TORCHELASTIC_RESTART_COUNT", INT_MAX)
+                        .value_or(0);
+  e.max_restarts = loom::detail::parse_env_index(env("TORCHELASTIC_MAX_RESTARTS"), who,
+                                                 "TORCHELASTIC_MAX_RESTARTS", INT_MAX)
+                       .value_or(0);
   return e;
 }
 
@@ -233,6 +268,7 @@ Ddp::Ddp(DdpOptions options) : state_(std::make_unique<detail::DdpState>()) {
   }
   state_->options = std::move(options);
   state_->env = read_environment();
+  if (state_->options.exit_with_agent && state_->env.under_agent) die_with_parent();
 }
 
 Ddp::Ddp(Ddp&&) noexcept = default;
@@ -377,6 +413,12 @@ c10::intrusive_ptr<c10d::Store> connect_store(const detail::DdpState& s) {
     o.multiTenant = true;
     auto store = c10::make_intrusive<c10d::TCPStore>(s.env.master_addr, o);
     store->setTimeout(timeout);
+    // The agent's store outlives the workers: each attempt (TORCHELASTIC_RESTART_COUNT) keeps
+    // its keys under a prefix of its own, so restarted workers never meet the last attempt's.
+    if (s.env.agent_store) {
+      return c10::make_intrusive<c10d::PrefixStore>(
+          "/worker/attempt_" + std::to_string(s.env.restart_count), store);
+    }
     return store;
   } catch (...) {
     std::string text = message_of(std::current_exception());

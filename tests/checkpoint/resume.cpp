@@ -11,13 +11,29 @@
 // At the end it writes the whole state to `out`: straight and resumed runs must write the
 // same bits. big_mb=M adds an M MiB tensor to the state (for the interrupted-save test) and
 // saves it again and again to `save` until killed.
+//
+//   loom_resume ... dir=DIR [every=5] [step_ms=T] [async=1] out=FILE
+//
+// A run that survives (tests/checkpoint/resume_matrix.py preempt, elastic, orphan): resumes
+// from the newest checkpoint in DIR if there is one (loom::Checkpoints), saves every `every`
+// steps, stops on SIGTERM/SIGINT/SIGUSR1 (loom::StopSignal, agreed by all ranks) after saving
+// the step it reached, with exit code 128 + the signal; prints "rank R step N" after each step
+// (sleeping T ms, so that a test can catch it mid-run) and its pid and attempt at the start.
+// async=1 saves with {.async = true} (a background write; waited for at the end); with big_mb
+// the big tensor holds the step's number when it is saved, and changes right after.
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include <ATen/ATen.h>
 #include <torch/nn/modules/activation.h>
@@ -27,7 +43,9 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
+#include <loom/dist/stop_signal.hpp>
 #include <loom/loom.hpp>
+#include <loom/state/checkpoints.hpp>
 
 namespace {
 
@@ -89,10 +107,28 @@ int run(RT& rt, const Args& a) {
                     {"scheduler", sched}, {"sampler", sampler}, {"step", step}};
   if (big.numel() > 0) state.emplace_back("big", big);
 
-  if (resume.empty()) {
+  const std::string dir = arg(a, "dir");
+  const int64_t every = std::stoll(arg(a, "every", "5"));
+  const int64_t step_ms = std::stoll(arg(a, "step_ms", "0"));
+  const loom::CheckpointSaveOptions save_options{.sync = true, .async = arg(a, "async") == "1"};
+  std::optional<loom::Checkpoints> ckpt;
+  std::optional<loom::StopSignal> stop;
+  std::optional<int64_t> resumed;
+  if (!dir.empty()) {
+    ckpt.emplace(dir, loom::CheckpointsOptions{.keep_last = 2});
+    stop.emplace();
+    resumed = ckpt->resume(rt, state);
+    const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    std::printf("loom_resume: rank %d pid %d attempt %s %s %lld\n", rank,
+                static_cast<int>(::getpid()), attempt ? attempt : "-",
+                resumed ? "resumed from step" : "fresh, step",
+                static_cast<long long>(resumed.value_or(0)));
+    std::fflush(stdout);
+  }
+  if (resume.empty() && !resumed) {
     sampler.set_epoch(0);
     sampler.reset();
-  } else {
+  } else if (!resume.empty()) {
     rt.load(resume, state);
   }
   while (step < steps) {
@@ -112,6 +148,22 @@ int run(RT& rt, const Args& a) {
     sched.step(applied);
     opt->zero_grad();
     ++step;
+    if (ckpt) {
+      std::printf("loom_resume: rank %d step %lld\n", rank, static_cast<long long>(step));
+      std::fflush(stdout);
+      if (step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+      if (stop->should_stop(rt)) {
+        ckpt->save(rt, step, state);  // synchronous: the process leaves next
+        std::printf("loom_resume: rank %d stopped by signal %d after saving step %lld\n", rank,
+                    stop->signal(), static_cast<long long>(step));
+        return stop->exit_code();
+      }
+      if (step % every == 0) {
+        if (big.numel() > 0) big.fill_(static_cast<double>(step));
+        ckpt->save(rt, step, state, save_options);
+        if (big.numel() > 0) big.fill_(-1.0);  // an asynchronous save copied it already
+      }
+    }
     if (step == save_at) {
       rt.save(save, state);
       if (big.numel() > 0) {
@@ -125,6 +177,7 @@ int run(RT& rt, const Args& a) {
       if (arg(a, "kill_after_save") == "1") return 0;
     }
   }
+  if (ckpt) ckpt->wait(rt);  // an asynchronous save's error is thrown here, on every rank
   rt.save(out, state);
   rt.teardown();
   std::printf("loom_resume: rank %d of %d, %lld steps, precision %s, epoch %llu\n", rank,

@@ -4,6 +4,11 @@ the same bits as a run that never stopped.
   python resume_matrix.py --bin loom_resume --tmp DIR matrix     every precision x optimizer
   python resume_matrix.py --bin loom_resume --tmp DIR ddp        the same under loom::Ddp, 2 ranks
   python resume_matrix.py --bin loom_resume --tmp DIR sigkill    a save killed midway
+  python resume_matrix.py --bin loom_resume --tmp DIR preempt    SIGTERM to one rank of two
+  python resume_matrix.py --bin loom_resume --tmp DIR elastic    torchrun restarts after SIGKILL
+  python resume_matrix.py --bin loom_resume --tmp DIR orphan     torchrun's agent SIGKILLed
+  python resume_matrix.py --bin loom_resume --tmp DIR async      background saves: a write that
+                                                                fails, a full disk, SIGKILL
 
 For each case loom_resume (tests/checkpoint/resume.cpp) trains STEPS steps straight, and
 separately K steps, saves, then in a new process (seeded differently) loads and trains the
@@ -15,6 +20,9 @@ a deadline; a process that outlives it is killed with its process group.
 
 import argparse
 import os
+import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +33,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "dist")]
-from run_dist import base_env, free_port, kill  # noqa: E402
+from run_dist import TORCHRUN, base_env, free_port, kill  # noqa: E402
 from same_state import same  # noqa: E402
 
 STEPS, K = 20, 7
@@ -146,15 +154,348 @@ def sigkill(bin_, tmp):
     print(f"checkpoint sigkill: ok ({landed} of 3 kills mid-write)")
 
 
+class Lines:
+    """The output of processes, read line by line as it comes, with a deadline."""
+
+    def __init__(self, procs, deadline):
+        self.procs, self.end, self.text = procs, time.monotonic() + deadline, ""
+        for p in procs:
+            os.set_blocking(p.stdout.fileno(), False)
+        self.buffers = [b""] * len(procs)
+
+    def wait_for(self, pattern):
+        """Returns the first match of `pattern` in the output so far or to come."""
+        start = 0
+        while True:
+            m = re.compile(pattern, re.M).search(self.text, start)
+            if m:
+                return m
+            if time.monotonic() > self.end:
+                raise AssertionError(f"no {pattern!r} before the deadline:\n{self.text[-4000:]}")
+            if not self.pump() and all(p.poll() is not None for p in self.procs):
+                self.pump()
+                m = re.compile(pattern, re.M).search(self.text, start)
+                if m:
+                    return m
+                raise AssertionError(f"no {pattern!r}; the processes exited:\n{self.text[-4000:]}")
+
+    def pump(self):
+        got = False
+        for i, p in enumerate(self.procs):
+            try:
+                chunk = p.stdout.read()
+            except (BlockingIOError, ValueError):
+                chunk = None
+            if chunk:
+                got = True
+                self.buffers[i] += chunk
+                *lines, self.buffers[i] = self.buffers[i].split(b"\n")
+                for line in lines:
+                    self.text += line.decode(errors="replace") + "\n"
+        if not got:
+            time.sleep(0.01)
+        return got
+
+    def finish(self):
+        """Waits for every process to exit (killing them at the deadline); their exit codes."""
+        try:
+            while any(p.poll() is None for p in self.procs):
+                if time.monotonic() > self.end:
+                    raise AssertionError(f"still running at the deadline:\n{self.text[-4000:]}")
+                self.pump()
+            while self.pump():
+                pass
+            for i, b in enumerate(self.buffers):
+                if b:
+                    self.text += b.decode(errors="replace") + "\n"
+                    self.buffers[i] = b""
+        finally:
+            kill(self.procs)
+        return [p.returncode for p in self.procs]
+
+
+def straight_run(bin_, tmp, precision, steps, world=2):
+    """The uninterrupted run's final state file (no checkpoint directory)."""
+    out = tmp / f"straight_{precision}_{steps}.pt"
+    if not out.exists():
+        run(bin_, [f"precision={precision}", "optimizer=adam", f"steps={steps}", f"out={out}"],
+            world)
+    return out
+
+
+def hand_ranks(bin_, args, world, port):
+    procs = []
+    for r in range(world):
+        env = base_env(RANK=r, WORLD_SIZE=world, LOCAL_RANK=r, MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=port)
+        procs.append(subprocess.Popen([bin_] + args, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, start_new_session=True))
+    return procs
+
+
+def preempt(bin_, tmp):
+    """SIGTERM to rank 1 only, mid-epoch: both ranks save the same step and exit 143; a
+    relaunch resumes from it and ends with the bits of a run that never stopped."""
+    steps = 40
+    for precision in ["32-true", "16-mixed"]:
+        d = tmp / f"preempt_{precision}"
+        shutil.rmtree(d, ignore_errors=True)
+        out = tmp / f"preempt_{precision}.pt"
+        args = [f"precision={precision}", "optimizer=adam", f"steps={steps}", f"dir={d}",
+                "every=10", "step_ms=20", f"out={out}"]
+        t0 = time.monotonic()
+        procs = hand_ranks(bin_, args, 2, free_port())
+        lines = Lines(procs, DEADLINE)
+        lines.wait_for(r"^loom_resume: rank 1 step 13$")
+        os.kill(procs[1].pid, signal.SIGTERM)
+        codes = lines.finish()
+        stopped = re.findall(r"rank (\d) stopped by signal 15 after saving step (\d+)", lines.text)
+        assert codes == [143, 143], (codes, lines.text[-3000:])
+        assert len(stopped) == 2 and stopped[0][1] == stopped[1][1], stopped
+        s = int(stopped[0][1])
+        assert 13 <= s < steps and (d / f"step-{s}.pt").exists(), (s, os.listdir(d))
+        assert (d / "latest").read_text().strip() == f"step-{s}.pt"
+        t_stop = time.monotonic() - t0
+        procs = hand_ranks(bin_, args, 2, free_port())
+        lines = Lines(procs, DEADLINE)
+        codes = lines.finish()
+        assert codes == [0, 0], (codes, lines.text[-3000:])
+        assert lines.text.count(f"resumed from step {s}") == 2, lines.text[-3000:]
+        same(torch.load(straight_run(bin_, tmp, precision, steps)), torch.load(out),
+             f"preempt {precision}")
+        print(f"preempt {precision}: SIGTERM to rank 1 at step 13; both ranks saved step {s} "
+              f"and exited 143 ({t_stop:.1f} s); the relaunch resumed from {s} and ended "
+              f"bitwise equal to {steps} steps straight")
+    print("checkpoint preempt: ok")
+
+
+def torchrun_cmd(bin_, args, restarts):
+    return [str(TORCHRUN), "--standalone", "--nproc-per-node=2", f"--max-restarts={restarts}",
+            "--monitor-interval=0.1", "--no-python", bin_] + args
+
+
+def elastic(bin_, tmp):
+    """torchrun --max-restarts=1: a worker SIGKILLed at a random step; the agent restarts both,
+    they resume from the newest checkpoint and finish with the bits of a run that never
+    stopped (parameters, optimizer state, GradScaler state, RNG, sampler, scheduler)."""
+    steps = 30
+    rng = random.Random(os.environ.get("LOOM_ELASTIC_SEED", str(time.time_ns())))
+    for precision in ["32-true", "16-mixed"]:
+        d = tmp / f"elastic_{precision}"
+        shutil.rmtree(d, ignore_errors=True)
+        out = tmp / f"elastic_{precision}.pt"
+        victim, at = rng.randrange(2), rng.randrange(3, steps - 3)
+        args = [f"precision={precision}", "optimizer=adam", f"steps={steps}", f"dir={d}",
+                "every=5", "step_ms=20", f"out={out}"]
+        t0 = time.monotonic()
+        agent = subprocess.Popen(torchrun_cmd(bin_, args, 1), env=base_env(),
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        lines = Lines([agent], DEADLINE)
+        pid = int(lines.wait_for(rf"^loom_resume: rank {victim} pid (\d+) attempt 0 ").group(1))
+        lines.wait_for(rf"^loom_resume: rank {victim} step {at}$")
+        os.kill(pid, signal.SIGKILL)
+        try:
+            m = lines.wait_for(r"^loom_resume: rank 0 pid \d+ attempt 1 (.*)$")
+            codes = lines.finish()
+        finally:
+            kill_workers(lines.text)
+        assert codes == [0], (codes, lines.text[-4000:])
+        resumed = m.group(1)
+        assert resumed.startswith("resumed from step"), resumed
+        s = int(resumed.split()[-1])
+        assert s % 5 == 0 and s <= at + 1, (s, at)
+        same(torch.load(straight_run(bin_, tmp, precision, steps)), torch.load(out),
+             f"elastic {precision}")
+        print(f"elastic {precision}: rank {victim} SIGKILLed at step {at}; torchrun restarted "
+              f"both (TORCHELASTIC_RESTART_COUNT=1), they resumed from step {s} and ended bitwise "
+              f"equal to {steps} steps straight ({time.monotonic() - t0:.1f} s, exit 0)")
+    print("checkpoint elastic: ok")
+
+
+def kill_workers(text):
+    """SIGKILLs the workers a torchrun output names (they run in sessions of their own)."""
+    for pid in set(re.findall(r"^loom_resume: rank \d pid (\d+)", text, re.M)):
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def become_subreaper():
+    """Orphans of this process's descendants come to it (not to an init that may not reap
+    them), so that the test can reap them."""
+    import ctypes
+    PR_SET_CHILD_SUBREAPER = 36
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def reap():
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def orphan(bin_, tmp):
+    """SIGKILL of the torchrun agent: its workers die with it (PR_SET_PDEATHSIG) and write
+    nothing more into the checkpoint directory."""
+    become_subreaper()
+    d = tmp / "orphan"
+    shutil.rmtree(d, ignore_errors=True)
+    args = ["precision=32-true", "optimizer=adam", "steps=100000", f"dir={d}", "every=2",
+            "step_ms=20", f"out={tmp / 'orphan.pt'}"]
+    agent = subprocess.Popen(torchrun_cmd(bin_, args, 0), env=base_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    lines = Lines([agent], DEADLINE)
+    try:
+        pids = [int(lines.wait_for(rf"^loom_resume: rank {r} pid (\d+) ").group(1))
+                for r in range(2)]
+        lines.wait_for(r"^loom_resume: rank 0 step 7$")
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait()
+        t0 = time.monotonic()
+        while any(alive(p) for p in pids) and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
+        gone = time.monotonic() - t0
+        left = [p for p in pids if alive(p)]
+        before = sorted(os.listdir(d))
+        time.sleep(1.0)
+        after = sorted(os.listdir(d))
+    finally:
+        kill_workers(lines.text)
+        kill([agent])
+        time.sleep(0.1)
+        reap()
+    assert not left, f"workers {left} outlived torchrun's agent by 10 s"
+    assert before == after, (before, after)
+    print(f"checkpoint orphan: ok (torchrun SIGKILLed at step 7: both workers gone after "
+          f"{gone * 1000:.0f} ms, the directory unchanged since: {', '.join(after)})")
+
+
+def async_saves(bin_, tmp):
+    """Asynchronous saves under loom::Ddp (2 ranks, rank 0 writes in the background): the same
+    bits as synchronous ones; a write that fails is an error on both ranks; a SIGKILL during
+    a background write leaves the checkpoint before it whole."""
+    steps = 20
+    d = tmp / "async_ok"
+    shutil.rmtree(d, ignore_errors=True)
+    run(bin_, ["precision=16-mixed", "optimizer=adam", f"steps={steps}", f"dir={d}", "every=3",
+               "async=1", f"out={tmp / 'async_ok.pt'}"], 2)
+    same(torch.load(straight_run(bin_, tmp, "16-mixed", steps)), torch.load(tmp / "async_ok.pt"),
+         "async 16-mixed")
+    assert (d / "latest").read_text().strip() == "step-18.pt", os.listdir(d)
+    print(f"async: 2 ranks, 16-mixed, a background save every 3 steps: {steps} steps end "
+          "bitwise equal to a run without saves; latest names step-18.pt")
+
+    # A write that fails in the background: step 6's file name is a non-empty directory.
+    d = tmp / "async_fail"
+    shutil.rmtree(d, ignore_errors=True)
+    (d / "step-6.pt" / "occupied").mkdir(parents=True)
+    args = ["precision=32-true", "optimizer=adam", f"steps={steps}", f"dir={d}", "every=3",
+            "async=1", f"out={tmp / 'async_fail.pt'}"]
+    lines = Lines(hand_ranks(bin_, args, 2, free_port()), DEADLINE)
+    codes = lines.finish()
+    want = f"the background save of {d / 'step-6.pt'} failed on rank 0: "
+    assert codes == [1, 1] and lines.text.count(want) == 2, (codes, lines.text[-3000:])
+    assert (d / "latest").read_text().strip() == "step-3.pt"
+    print("async: a background write that fails (step 6's name taken by a directory) is a "
+          "loom::Error on both ranks at the next save; latest still names step-3.pt")
+
+    # A full disk: rank 0's directory on a 64 KiB tmpfs, mounted in a user namespace of its own.
+    d = tmp / "async_full"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c",
+                            f"mount -t tmpfs -o size=64k tmpfs {d} && echo mounted"],
+                           capture_output=True, text=True)
+    if "mounted" not in probe.stdout:
+        print("async: a full disk not tested: cannot mount a tmpfs here "
+              f"({probe.stderr.strip() or probe.returncode})")
+    else:
+        for mode in ("1", "0"):  # asynchronous, then synchronous: an error, never an abort
+            args = ["precision=32-true", "optimizer=adam", f"steps={steps}", f"dir={d}",
+                    "every=3", f"async={mode}", "big_mb=1", f"out={tmp / 'async_full.pt'}"]
+            port = free_port()
+            procs = []
+            for r in range(2):  # rank 0 inside a namespace of its own, on the small tmpfs
+                env = base_env(RANK=r, WORLD_SIZE=2, LOCAL_RANK=r, MASTER_ADDR="127.0.0.1",
+                               MASTER_PORT=port)
+                cmd = [bin_] + args
+                if r == 0:
+                    cmd = ["unshare", "-rm", "sh", "-c",
+                           f"mount -t tmpfs -o size=64k tmpfs {d} && exec \"$0\" \"$@\""] + cmd
+                procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                              stderr=subprocess.STDOUT, start_new_session=True))
+            lines = Lines(procs, DEADLINE)
+            codes = lines.finish()
+            assert codes == [1, 1], (mode, codes, lines.text[-3000:])
+            assert "No space left on device" in lines.text, lines.text[-3000:]
+            if mode == "1":
+                assert lines.text.count("failed on rank 0: ") == 2, lines.text[-3000:]
+            else:
+                assert "rank 0 could not write" in lines.text, lines.text[-3000:]
+        print("async: rank 0 on a full 64 KiB tmpfs: 'No space left on device', a loom::Error on "
+              "both ranks, with an asynchronous save and with a synchronous one")
+
+    # SIGKILL while a background write is under way: the checkpoint before it loads whole.
+    landed = 0
+    for attempt in range(3):
+        d = tmp / f"async_kill{attempt}"
+        shutil.rmtree(d, ignore_errors=True)
+        args = ["precision=32-true", "optimizer=adam", "steps=100000", f"dir={d}", "every=1",
+                "async=1", "big_mb=48", f"out={tmp / 'unused.pt'}"]
+        p = subprocess.Popen([bin_] + args, env=base_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            end = time.monotonic() + 60
+            while True:  # a write under way after at least one complete checkpoint
+                names = os.listdir(d) if d.exists() else []
+                if "latest" in names and any(".tmp." in n for n in names):
+                    break
+                if time.monotonic() > end or p.poll() is not None:
+                    raise AssertionError(f"no background write seen: {names}")
+                time.sleep(0.0005)
+            time.sleep(0.005 * attempt)
+            os.killpg(p.pid, signal.SIGKILL)
+        finally:
+            kill([p])
+        names = os.listdir(d)
+        landed += any(".tmp." in n for n in names)
+        done = sorted(int(n[5:-3]) for n in names if n.startswith("step-") and n.endswith(".pt"))
+        newest = done[-1]
+        ck = torch.load(d / f"step-{newest}.pt")
+        big = ck["big"]
+        assert ck["step"] == newest and torch.equal(big, torch.full_like(big, newest)), \
+            (newest, big[:3], ck["step"])
+        print(f"async kill {attempt}: SIGKILL with {names}; step-{newest}.pt loads whole, its "
+              f"big tensor all {newest} (the value at its save, not after)")
+    if landed == 0:
+        raise AssertionError("no kill landed during a background write")
+    print(f"checkpoint async: ok ({landed} of 3 kills during a background write)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--tmp", required=True)
-    ap.add_argument("case", choices=["matrix", "ddp", "sigkill"])
+    cases = {"matrix": matrix, "ddp": ddp, "sigkill": sigkill, "preempt": preempt,
+             "elastic": elastic, "orphan": orphan, "async": async_saves}
+    ap.add_argument("case", choices=sorted(cases))
     a = ap.parse_args()
     tmp = Path(a.tmp)
     tmp.mkdir(parents=True, exist_ok=True)
-    {"matrix": matrix, "ddp": ddp, "sigkill": sigkill}[a.case](a.bin, tmp)
+    cases[a.case](a.bin, tmp)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@
 #include "support/env.hpp"
 #include "support/warnings.hpp"
 
+#include <loom/checkpoint/async.hpp>
 #include <loom/device/cpu.hpp>
 #include <loom/device/cuda.hpp>
 #include <loom/device/prefetch.hpp>
@@ -311,4 +312,26 @@ TEST_CASE("rt.load maps a CPU checkpoint onto CUDA and a CUDA one onto the CPU",
   CHECK(m->weight.is_cpu());
   CHECK(m->weight.equal(g->weight.cpu()));
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "An asynchronous save's snapshot of CUDA tensors: pinned copies, taken before the "
+    "device changes them",
+    "[gpu][checkpoint][async]") {
+  REQUIRE(Cuda::is_available());
+  at::Tensor base = at::arange(1 << 20, at::TensorOptions(at::kFloat).device(at::kCUDA));
+  at::Tensor view = base.narrow(0, 8, 16);
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("base", base);
+  d.insert("view", view);
+  loom::checkpoint::Snapshot snap{c10::IValue(d)};
+  base.mul_(-1);  // queued on the stream after the copy: the snapshot keeps the old values
+  const auto copy = snap.ready().toGenericDict();
+  const at::Tensor b = copy.at("base").toTensor(), v = copy.at("view").toTensor();
+  CHECK(b.is_cpu());
+  CHECK(b.is_pinned());
+  CHECK(b.equal(at::arange(1 << 20, at::kFloat)));
+  CHECK(v.storage().is_alias_of(b.storage()));
+  CHECK(v.equal(at::arange(8, 24, at::kFloat)));
+  CHECK(base.cpu().equal(-at::arange(1 << 20, at::kFloat)));
 }

@@ -246,8 +246,13 @@ class TempFile {
   TempFile(const TempFile&) = delete;
   TempFile& operator=(const TempFile&) = delete;
 
-  /// Writes all of [data, data + n); on an error remembers errno and returns 0.
+  /// Writes all of [data, data + n). On an error (a full disk, ...) it remembers errno, writes
+  /// nothing more, and still reports n bytes written: LibTorch's zip writer, told of a short
+  /// write, throws from writeRecord, and its destructor then writes the end of the file at
+  /// offsets that no longer match, throws again and terminates the process. save_value
+  /// checks error() once the writer is done.
   size_t write(const void* data, size_t n) {
+    if (error_ != 0) return n;
     const char* p = static_cast<const char*>(data);
     size_t left = n;
     while (left > 0) {
@@ -255,7 +260,7 @@ class TempFile {
       if (w < 0 && errno == EINTR) continue;
       if (w <= 0) {
         error_ = errno ? errno : EIO;
-        return 0;
+        return n;
       }
       p += w;
       left -= static_cast<size_t>(w);
@@ -310,6 +315,10 @@ inline void save_value(const std::filesystem::path& path, const c10::IValue& val
     throw Error("loom::checkpoint: writing " + path.string() + " failed" +
                 (file.error() ? std::string(": ") + std::strerror(file.error()) : "") + " (" +
                 detail::first_line(e) + ")");
+  }
+  if (file.error() != 0) {
+    throw Error("loom::checkpoint: writing " + path.string() +
+                " failed: " + std::strerror(file.error()));
   }
   file.close(options.sync);
   std::error_code ec;

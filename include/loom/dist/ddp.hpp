@@ -45,6 +45,15 @@ struct Environment {
   /// TORCHELASTIC_USE_AGENT_STORE is "True": the launcher hosts the store, every rank is a
   /// client (rank 0 included).
   bool agent_store = false;
+  /// Started by torchrun's elastic agent: TORCHELASTIC_RUN_ID is set.
+  bool under_agent = false;
+  /// TORCHELASTIC_RESTART_COUNT: how many times the agent has restarted the workers (0 in
+  /// the first attempt). The agent's store outlives the workers, so under it each attempt's
+  /// keys live under the prefix "/worker/attempt_<count>": a restarted worker never reads
+  /// the address that a worker of the attempt before it left there.
+  int restart_count = 0;
+  /// TORCHELASTIC_MAX_RESTARTS: torchrun's --max-restarts (0 when not under an agent).
+  int max_restarts = 0;
   /// None of RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT is set: one process, a
   /// store in memory, no sockets for the rendezvous.
   bool single_process = true;
@@ -131,6 +140,11 @@ struct DdpOptions {
   std::optional<std::string> backend;
   /// How each bucket is reduced (CommHook above); the reducer's all-reduce by default.
   CommHook comm_hook;
+  /// Under torchrun's agent (Environment::under_agent), ask the kernel to kill this process
+  /// (SIGKILL, prctl PR_SET_PDEATHSIG on Linux) when the agent dies, and leave at once if it
+  /// already has: an orphaned worker would train on and overwrite the checkpoints that the
+  /// next launch resumes from. Checked when the Ddp is built.
+  bool exit_with_agent = true;
 };
 
 namespace detail {

@@ -4,12 +4,15 @@
 // DIR/latest at it; resume(rt, state) loads the newest checkpoint that reads back whole and
 // returns its step. Every file is a torch.save file: Python lists and opens them with
 // torch.load. Opt-in: #include <loom/state/checkpoints.hpp> (with state/checkpoint.hpp,
-// which loom.hpp includes, for the file format).
+// which loom.hpp includes, for the file format). With {.async = true} a save snapshots the
+// state and writes it in a background thread (checkpoint/async.hpp).
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -19,7 +22,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <loom/checkpoint/async.hpp>
 #include <loom/checkpoint/checkpoint_io.hpp>
+#include <loom/concepts/strategy.hpp>
 #include <loom/error.hpp>
 #include <loom/state/checkpoint.hpp>
 
@@ -32,6 +37,18 @@ struct CheckpointsOptions {
   /// Also every checkpoint whose step is a multiple of this (0: none), Composer's
   /// save_interval history, Lightning's every_n_train_steps with save_top_k=-1.
   std::int64_t keep_every = 0;
+};
+
+/// Checkpoints::save's settings.
+struct CheckpointSaveOptions {
+  /// fsync the file and the directory (checkpoint::SaveOptions::sync).
+  bool sync = true;
+  /// Return once the state is copied (device tensors to pinned host memory, asynchronously),
+  /// and write the copy in a background thread while training goes on (torch.distributed.
+  /// checkpoint's async_save). The collective part (every rank's generator states gathered)
+  /// stays in the call. The next save, wait(rt) or resume(rt) waits for the write and throws
+  /// its error on every rank; DIR/latest and the pruning follow the write.
+  bool async = false;
 };
 
 /// A run's checkpoints in one directory (Composer's CheckpointSaver and autoresume,
@@ -65,11 +82,14 @@ class Checkpoints {
   }
 
   /// The steps with a checkpoint file in the directory, oldest first (files that do not
-  /// match step-N.pt, such as a killed save's temporary file, are ignored).
+  /// match step-N.pt, such as a killed save's temporary file, and what is not a regular
+  /// file are ignored).
   std::vector<std::int64_t> steps() const {
     std::vector<std::int64_t> found;
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
+      std::error_code type_ec;
+      if (!e.is_regular_file(type_ec)) continue;  // a directory of that name is no checkpoint
       if (auto step = step_of(e.path().filename().string())) found.push_back(*step);
     }
     std::sort(found.begin(), found.end());
@@ -84,18 +104,75 @@ class Checkpoints {
     return step_of(name);
   }
 
-  /// Saves `state` as step `step` (rt.save: atomic, `options` as there), then drops what
-  /// CheckpointsOptions does not keep and points DIR/latest at it. Every rank calls it.
+  Checkpoints(const Checkpoints&) = delete;
+  Checkpoints& operator=(const Checkpoints&) = delete;
+  /// Waits for an asynchronous write under way. Its error cannot reach the other ranks from
+  /// here: it is a warning; call wait(rt) before the end to have it thrown on every rank.
+  ~Checkpoints() {
+    if (!pending_) return;
+    if (auto error = writer_->wait()) {
+      TORCH_WARN("loom::Checkpoints: the background save of ", path(*pending_).string(),
+                 " failed: ", message_of(error));
+      return;
+    }
+    try {
+      if (pending_writer_) finish(*pending_);
+    } catch (const std::exception& e) {
+      TORCH_WARN("loom::Checkpoints: ", e.what());
+    }
+  }
+
+  /// Saves `state` as step `step` (rt.save: atomic), then drops what CheckpointsOptions does
+  /// not keep and points DIR/latest at it. Every rank calls it. With {.async = true} it returns
+  /// once the state is copied; the file is written in the background (CheckpointSaveOptions).
   template <class Runtime>
   void save(Runtime& rt, std::int64_t step, const State& state,
-            checkpoint::SaveOptions options = {}) {
+            CheckpointSaveOptions options = {}) {
     if (step < 0) throw Error("loom::Checkpoints::save: the step must be >= 0");
-    if (rt.strategy().is_global_zero()) std::filesystem::create_directories(dir_);
-    rt.save(path(step), state, options);  // every rank returns once the file is written
-    if (!rt.strategy().is_global_zero()) return;
-    write_latest(step);
-    prune(step);
+    wait(rt);  // the last asynchronous write, if any: its error is thrown here
+    const bool writer = rt.strategy().is_global_zero();
+    if (writer) std::filesystem::create_directories(dir_);
+    if (!options.async) {
+      rt.save(path(step), state, checkpoint::SaveOptions{.sync = options.sync});
+      if (writer) finish(step);  // every rank returned once the file was written
+      return;
+    }
+    if (!writer_) writer_ = std::make_unique<checkpoint::AsyncWriter>();
+    writer_->set_options(checkpoint::SaveOptions{.sync = options.sync});
+    // rt.save's value, handed to the strategy with an IO that copies it and writes later:
+    // the strategy still decides which ranks write (Ddp: rank 0) and agrees on a failed copy.
+    const c10::IValue value(state::save_entries(state));
+    rt.strategy().save_checkpoint(path(step), value, checkpoint::AsyncFile(*writer_));
+    pending_ = step;
+    pending_writer_ = writer;
   }
+
+  /// Waits for the asynchronous save under way, if any; every rank calls it. A write that
+  /// failed (a full disk, a read-only directory) is a loom::Error on every rank, with the
+  /// writing rank's reason; one that succeeded moves DIR/latest and prunes, as save does.
+  template <class Runtime>
+  void wait(Runtime& rt) {
+    if (!pending_) return;
+    const std::int64_t step = *pending_;
+    pending_.reset();
+    std::exception_ptr error = writer_->wait();
+    auto& s = rt.strategy();
+    // The first rank whose write failed, or world_size when none did: one all-reduce.
+    at::Tensor first = rt.to_device(at::full({1}, error ? s.rank() : s.world_size(), at::kLong));
+    s.all_reduce(first, dist::ReduceOp::Min);
+    const auto failed = first.template item<std::int64_t>();
+    if (failed == s.world_size()) {
+      if (pending_writer_) finish(step);
+      return;
+    }
+    const std::string reason =
+        s.broadcast_object(error ? message_of(error) : std::string(), static_cast<int>(failed));
+    throw Error("loom::Checkpoints: the background save of " + path(step).string() +
+                " failed on rank " + std::to_string(failed) + ": " + reason);
+  }
+
+  /// True between an asynchronous save and the wait that follows it.
+  bool pending() const { return pending_.has_value(); }
 
   /// Restores `state` from the newest checkpoint that loads whole and returns its step, or
   /// nothing when the directory holds none (a fresh run). A newest file that does not load
@@ -104,6 +181,7 @@ class Checkpoints {
   /// loom::Error. Every rank calls it (each reads the file).
   template <class Runtime>
   std::optional<std::int64_t> resume(Runtime& rt, const State& state) {
+    wait(rt);
     auto candidates = steps();
     if (auto named = latest();
         named && std::find(candidates.begin(), candidates.end(), *named) == candidates.end()) {
@@ -142,6 +220,22 @@ class Checkpoints {
     return step;
   }
 
+  static std::string message_of(const std::exception_ptr& error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      return e.what();
+    } catch (...) {
+      return "an exception that is not a std::exception";
+    }
+  }
+
+  /// After `step`'s file is written, on the rank that wrote it: `latest`, then pruning.
+  void finish(std::int64_t step) const {
+    write_latest(step);
+    prune(step);
+  }
+
   /// DIR/latest replaced atomically: written beside, then renamed over (not synced: the
   /// checkpoint it names was, and resume finds the newest file without it).
   void write_latest(std::int64_t step) const {
@@ -176,6 +270,9 @@ class Checkpoints {
 
   std::filesystem::path dir_;
   CheckpointsOptions options_;
+  std::unique_ptr<checkpoint::AsyncWriter> writer_;
+  std::optional<std::int64_t> pending_;  // the step an asynchronous save is writing
+  bool pending_writer_ = false;          // this rank writes it (and then moves `latest`)
 };
 
 }  // namespace loom

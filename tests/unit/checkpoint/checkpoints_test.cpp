@@ -98,3 +98,95 @@ TEST_CASE("Checkpoints refuses options that keep nothing", "[checkpoint][directo
   CHECK_THROWS_WITH(loom::Checkpoints("d", {.keep_last = 1, .keep_every = -1}),
                     Contains("keep_every must be >= 0"));
 }
+
+TEST_CASE("An asynchronous save writes what the state held when it was called",
+          "[checkpoint][directory][async]") {
+  TempDir tmp;
+  const auto dir = tmp.path / "run";
+  loom::Runtime<loom::Cpu, loom::Fp32> rt;
+  torch::nn::Linear model(3, 2);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  rt.setup(model, opt);
+  loom::State state{{"model", model}, {"optimizer", opt}, {"runtime", rt}};
+  loom::Checkpoints ckpt(dir, {.keep_last = 2});
+
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    set_step(model, step);
+    ckpt.save(rt, step, state, {.sync = false, .async = true});
+    CHECK(ckpt.pending());
+    set_step(model, 100 + step);  // training goes on while the copy is written
+  }
+  ckpt.wait(rt);
+  CHECK_FALSE(ckpt.pending());
+  CHECK(ckpt.steps() == std::vector<std::int64_t>{2, 3});  // pruned after each write
+  CHECK(ckpt.latest() == 3);
+  for (std::int64_t step : {2, 3}) {
+    const c10::IValue v = loom::checkpoint::load_value(ckpt.path(step), c10::kCPU);
+    const at::Tensor w = v.toGenericDict().at("model").toGenericDict().at("weight").toTensor();
+    CHECK(w.eq(static_cast<double>(step)).all().item<bool>());
+  }
+  set_step(model, -1);
+  CHECK(ckpt.resume(rt, state) == 3);
+  CHECK(model->weight.eq(3).all().item<bool>());
+}
+
+TEST_CASE("A failed background write is thrown by the next wait, save or resume",
+          "[checkpoint][directory][async]") {
+  TempDir tmp;
+  const auto dir = tmp.path / "run";
+  loom::Runtime<loom::Cpu, loom::Fp32> rt;
+  torch::nn::Linear model(3, 2);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  rt.setup(model, opt);
+  loom::State state{{"model", model}, {"optimizer", opt}, {"runtime", rt}};
+  loom::Checkpoints ckpt(dir);
+  // A non-empty directory where step 2's file goes: the rename at the end of the write fails.
+  fs::create_directories(dir / "step-2.pt" / "occupied");
+  set_step(model, 1);
+  ckpt.save(rt, 1, state, {.sync = false, .async = true});
+  set_step(model, 2);
+  ckpt.save(rt, 2, state, {.sync = false, .async = true});  // step 1 went well
+  CHECK(ckpt.latest() == 1);
+  SECTION("wait") {
+    CHECK_THROWS_WITH(ckpt.wait(rt), Contains("the background save of") &&
+                                         Contains("step-2.pt failed on rank 0: "));
+  }
+  SECTION("save") {
+    CHECK_THROWS_WITH(ckpt.save(rt, 3, state, {.async = true}),
+                      Contains("step-2.pt failed on rank 0"));
+  }
+  SECTION("resume") {
+    CHECK_THROWS_WITH(ckpt.resume(rt, state), Contains("step-2.pt failed on rank 0"));
+  }
+  CHECK_FALSE(ckpt.pending());
+  CHECK(ckpt.latest() == 1);  // latest never names a file that was not written
+  fs::remove_all(dir / "step-2.pt");
+  ckpt.save(rt, 4, state, {.sync = false, .async = true});  // the writer works again
+  ckpt.wait(rt);
+  CHECK(ckpt.latest() == 4);
+}
+
+TEST_CASE("Snapshot copies every storage once, views keep sharing, the copy is the program's",
+          "[checkpoint][async]") {
+  at::Tensor base = at::arange(12, at::kFloat);
+  at::Tensor view = base.view({3, 4}).t();  // shares base's storage, strided
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("base", base);
+  d.insert("view", view);
+  d.insert("list", c10::List<at::Tensor>({base.narrow(0, 2, 3)}));
+  d.insert("step", int64_t{7});
+  loom::checkpoint::Snapshot snap{c10::IValue(d)};
+  CHECK(snap.bytes() == 12 * sizeof(float));  // one storage, copied once
+  base.fill_(-1);                             // the program goes on
+  const auto copy = snap.ready().toGenericDict();
+  const at::Tensor b = copy.at("base").toTensor(), v = copy.at("view").toTensor();
+  CHECK(b.equal(at::arange(12, at::kFloat)));
+  CHECK(v.equal(at::arange(12, at::kFloat).view({3, 4}).t()));
+  CHECK(v.strides() == view.strides());
+  CHECK(b.storage().is_alias_of(v.storage()));
+  CHECK_FALSE(b.storage().is_alias_of(base.storage()));
+  const at::Tensor n = copy.at("list").toList().get(0).toTensor();
+  CHECK(n.storage_offset() == 2);
+  CHECK(n.equal(at::tensor({2.f, 3.f, 4.f})));
+  CHECK(copy.at("step").toInt() == 7);
+}
