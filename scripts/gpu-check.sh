@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with an NVIDIA GPU and a python that has torch (with CUDA), but no
 # OS packages and no network, configure loom against that torch, build the GPU tests and the
-# host-to-device prefetch, fp8 and DDP-cost benchmarks, run them, and write a short report.
+# host-to-device prefetch, fp8, DDP-cost and asynchronous-checkpoint benchmarks, run them, and
+# write a short report.
 # About 8 minutes at most.
 #
 # Usage: scripts/gpu-check.sh [report-dir]        (default $OUT, else build-gpu-report)
@@ -74,7 +75,8 @@ timeout "$(left)" "$cmake_bin" -S "$root" -B "$build" "${generator[@]}" -DCMAKE_
 say "- configured in ${SECONDS}s"
 
 # 3. Build only what the check runs.
-targets=(loom_gpu_tests loom_precision_tests loom_bench_prefetch_cuda loom_bench_fp8_mlp)  # + optim.parity_cuda
+targets=(loom_gpu_tests loom_precision_tests loom_bench_prefetch_cuda loom_bench_fp8_mlp
+         loom_bench_checkpoint)  # + optim.parity_cuda
 [ -f "$third/gloo/algorithm.h" ] && targets+=(loom_dist_worker)  # dist.cuda_nccl, dist.cuda_gloo
 # The DDP cost benchmark (section 7): loom::dist and CLI11's packed headers.
 ddp_bench=0
@@ -201,6 +203,27 @@ PY
 else
   say "- not built (no gloo or CLI11 headers in $third: scripts/pack-gpu-deps.sh)"
 fi
+
+# 8. Asynchronous checkpoint saves on CUDA (docs/checkpoints.md): 100M parameters and their
+#    Adam state on the GPU (1.2 GB); how long loom::Checkpoints::save(..., {.async = true})
+#    blocks the caller, against the synchronous save without fsync. At most 90 s; reported.
+say ""
+say "## Asynchronous checkpoint save on CUDA (benchmarks/checkpoint/save_load.cpp)"
+budget=$(left); [ "$budget" -gt 90 ] && budget=90
+ckdir="$build/checkpoint-bench"
+mkdir -p "$ckdir"
+if timeout "$budget" "$build/benchmarks/checkpoint/loom_bench_checkpoint" "$ckdir" 100 10 1 cuda \
+     >"$out/checkpoint_cuda.txt" 2>&1; then
+  line=$(grep '^loom ' "$out/checkpoint_cuda.txt")
+  say ""
+  say "- $line"
+  say "- $(echo "$line" | tr ' ' '\n' | awk -F= '$1 == "save_nosync_s" {s = $2}
+      $1 == "async_blocked_s" {b = $2}
+      END {printf "blocked %.3f s against a synchronous save of %.3f s: %.3fx (target <= 0.10)", b, s, b / s}')"
+else
+  say "- failed or timed out: checkpoint_cuda.txt"
+fi
+rm -rf "$ckdir"
 
 # ---- Optional: loom vs Lightning Fabric on CUDA (scripts/gpu-fabric-check.sh) ----------------
 # Off by default (LOOM_GPU_FABRIC=1 turns it on); needs lightning already installed in the python

@@ -1,7 +1,7 @@
 // One save and one load of a model and its Adam state with rt.save / rt.load, timed
 // (benchmarks/checkpoint/save_load_vs_python.py runs it beside Python's torch.save/load).
 //
-//   loom_bench_checkpoint DIR [MILLIONS=100] [LAYERS=10] [WARMUP=1]
+//   loom_bench_checkpoint DIR [MILLIONS=100] [LAYERS=10] [WARMUP=1] [DEVICE=cpu|cuda]
 //
 // The model: LAYERS square Linear layers of MILLIONS million parameters in all (f32), after
 // one Adam step (exp_avg and exp_avg_sq filled): 3 x MILLIONS x 4 MB of tensors. Prints one
@@ -11,8 +11,11 @@
 // model and the optimizer in place. async_blocked_s: the time loom::Checkpoints::save(...,
 // {.sync = false, .async = true}) keeps the caller (the copy of the state to fresh host
 // memory); async_total_s: until wait() returns (the background write done).
-// WARMUP untimed save/load cycles run first: a process's first load of a large file is
-// slower (about 0.5-1 s here, in Python as in C++), and the Python side times warm cycles.
+// WARMUP untimed save/load cycles (and asynchronous saves) run first: a process's first load
+// of a large file is slower (about 0.5-1 s here, in Python as in C++), and the Python side times
+// warm cycles; on CUDA the first asynchronous save allocates the pinned memory that the next
+// ones reuse (LibTorch's caching host allocator). DEVICE cuda: the model and the optimizer
+// on the GPU (loom::Cuda), where an asynchronous save's copies run on the device's stream.
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -27,20 +30,13 @@
 #include <loom/loom.hpp>
 #include <loom/state/checkpoints.hpp>
 
-int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr, "usage: loom_bench_checkpoint DIR [MILLIONS] [LAYERS]\n");
-    return 2;
-  }
-  const std::filesystem::path dir = argv[1];
-  const double millions = argc > 2 ? std::stod(argv[2]) : 100;
-  const int layers = argc > 3 ? std::stoi(argv[3]) : 10;
-  const int warmup = argc > 4 ? std::stoi(argv[4]) : 1;
+template <class Device>
+int run(const std::filesystem::path& dir, double millions, int layers, int warmup) {
   const auto width = static_cast<int64_t>(std::sqrt(millions * 1e6 / layers));
   at::manual_seed(0);
   torch::nn::Sequential model;
   for (int i = 0; i < layers; ++i) model->push_back(torch::nn::Linear(width, width));
-  loom::Runtime<loom::Cpu, loom::Fp32> rt;
+  loom::Runtime<Device, loom::Fp32> rt;
   loom::optim::Adam opt(model->parameters(), loom::optim::AdamOptions(1e-3));
   rt.setup(model, opt);
   for (auto& p : model->parameters()) p.mutable_grad() = at::ones_like(p);
@@ -52,6 +48,10 @@ int main(int argc, char** argv) {
     rt.save(file, state, {.sync = false});
     rt.load(file, state);
     std::filesystem::remove(file);
+    loom::Checkpoints warm(dir / "loom_async_warmup", {.keep_last = 1});
+    warm.save(rt, 0, state, {.sync = false, .async = true});
+    warm.wait(rt);
+    std::filesystem::remove_all(dir / "loom_async_warmup");
   }
   auto seconds = [](Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
@@ -80,4 +80,24 @@ int main(int argc, char** argv) {
       seconds(t2, t3), seconds(t0, t1), seconds(t3, t4), seconds(t5, t6), seconds(t5, t7),
       static_cast<long long>(bytes), static_cast<long long>(layers * (width * width + width)));
   return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr,
+                 "usage: loom_bench_checkpoint DIR [MILLIONS] [LAYERS] [WARMUP] [cpu|cuda]\n");
+    return 2;
+  }
+  const std::filesystem::path dir = argv[1];
+  const double millions = argc > 2 ? std::stod(argv[2]) : 100;
+  const int layers = argc > 3 ? std::stoi(argv[3]) : 10;
+  const int warmup = argc > 4 ? std::stoi(argv[4]) : 1;
+  const std::string device = argc > 5 ? argv[5] : "cpu";
+  try {
+    if (device == "cuda") return run<loom::Cuda>(dir, millions, layers, warmup);
+    return run<loom::Cpu>(dir, millions, layers, warmup);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom_bench_checkpoint: %s\n", e.what());
+    return 1;
+  }
 }
