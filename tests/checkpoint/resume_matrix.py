@@ -303,7 +303,7 @@ def elastic(bin_, tmp):
             kill_workers(lines.text)
         assert codes == [0], (codes, lines.text[-4000:])
         resumed = m.group(1)
-        assert resumed.startswith("resumed from step"), resumed
+        assert resumed.startswith("resumed from step"), (resumed, victim, at)
         s = int(resumed.split()[-1])
         assert s % 5 == 0 and s <= at + 1, (s, at)
         same(torch.load(straight_run(bin_, tmp, precision, steps)), torch.load(out),

@@ -6,6 +6,7 @@
 // CheckpointIO that a strategy's save_checkpoint hands the value to on the ranks that write.
 #include <exception>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -26,14 +27,20 @@
 
 namespace loom::checkpoint {
 
+/// Host buffers one snapshot leaves for the next (AsyncWriter keeps them): storages by their
+/// size in bytes and whether they are pinned.
+using BufferPool = std::multimap<std::pair<int64_t, bool>, c10::Storage>;
+
 /// A copy of a checkpoint value that training can no longer change: the same dicts, lists,
 /// tuples and scalars, every tensor's storage copied once into host memory (tensors that share
 /// a storage still share the copy, with their offsets and strides, as torch.save keeps them).
 /// Device storages are copied into pinned memory without waiting for the device; ready()
-/// waits for those copies.
+/// waits for those copies. Given a BufferPool, it copies into the pool's buffers of the right
+/// sizes before it allocates any (a fresh allocation costs a page fault per page, and pinning).
 class Snapshot {
  public:
-  explicit Snapshot(const c10::IValue& value) : value_(copy(value)) {
+  explicit Snapshot(const c10::IValue& value, BufferPool* pool = nullptr)
+      : pool_(pool), value_(copy(value)) {
     for (auto& [device, event] : events_) {
       (void)device;
       c10::impl::VirtualGuardImpl guard(event.device_type());
@@ -54,6 +61,11 @@ class Snapshot {
   }
   /// Bytes of tensor storage copied.
   std::size_t bytes() const { return bytes_; }
+  /// Hands the copy's buffers to `pool` for the next snapshot; the copy must not be used after.
+  void release_buffers(BufferPool& pool) {
+    for (auto& [key, storage] : buffers_) pool.emplace(key, std::move(storage));
+    buffers_.clear();
+  }
 
  private:
   c10::IValue copy(const c10::IValue& v) {
@@ -98,8 +110,17 @@ class Snapshot {
     if (it == storages_.end()) {
       const auto nbytes = static_cast<int64_t>(from.nbytes());
       const bool on_device = !t.device().is_cpu();
-      at::Tensor buffer =
-          at::empty({nbytes}, at::TensorOptions(at::kByte).pinned_memory(on_device));
+      at::Tensor buffer;
+      const std::pair<int64_t, bool> key{nbytes, on_device};
+      if (auto kept = pool_ ? pool_->find(key) : BufferPool::iterator();
+          pool_ && kept != pool_->end()) {
+        buffer = at::empty({0}, at::TensorOptions(at::kByte));
+        buffer.set_(kept->second, 0, {nbytes}, {1});
+        pool_->erase(kept);
+      } else {
+        buffer = at::empty({nbytes}, at::TensorOptions(at::kByte).pinned_memory(on_device));
+      }
+      buffers_.emplace_back(key, buffer.storage());
       if (nbytes > 0) {
         at::Tensor source = at::empty({0}, t.options().dtype(at::kByte));
         source.set_(from, 0, {nbytes}, {1});
@@ -116,13 +137,17 @@ class Snapshot {
     return out;
   }
 
+  BufferPool* pool_;
+  std::vector<std::pair<std::pair<int64_t, bool>, c10::Storage>> buffers_;
   std::unordered_map<const c10::StorageImpl*, c10::Storage> storages_;
   std::unordered_map<c10::Device, c10::Event> events_;
   std::size_t bytes_ = 0;
   c10::IValue value_;
 };
 
-/// Writes snapshots through a CheckpointIO in a background thread, one at a time.
+/// Writes snapshots through a CheckpointIO in a background thread, one at a time. Once a write
+/// is done, its copy's host buffers are kept for the next snapshot (a run's saves have the
+/// same sizes): a steady run holds one copy of its state in host memory between saves.
 ///
 ///   AsyncWriter writer;
 ///   writer.start(path, value);        // the snapshot is taken here; the write runs on
@@ -145,7 +170,9 @@ class AsyncWriter {
     if (thread_.joinable()) {
       throw Error("loom::checkpoint::AsyncWriter: a write is under way; wait() for it first");
     }
-    auto snapshot = std::make_shared<Snapshot>(value);
+    auto snapshot = std::make_shared<Snapshot>(value, &pool_);
+    pool_.clear();  // what the new copy did not reuse
+    snapshot_ = snapshot;
     const SaveOptions options = options_;
     thread_ = std::thread([this, path, snapshot, options] {
       try {
@@ -164,12 +191,18 @@ class AsyncWriter {
   /// or there was none), clearing it.
   std::exception_ptr wait() {
     if (thread_.joinable()) thread_.join();
+    if (snapshot_) {  // written: its buffers serve the next snapshot
+      snapshot_->release_buffers(pool_);
+      snapshot_.reset();
+    }
     std::lock_guard<std::mutex> lock(mutex_);
     return std::exchange(error_, nullptr);
   }
 
  private:
   SaveOptions options_;
+  std::shared_ptr<Snapshot> snapshot_;  // the copy being written
+  BufferPool pool_;                     // the last copy's buffers, for the next one
   std::thread thread_;
   std::mutex mutex_;
   std::exception_ptr error_;
