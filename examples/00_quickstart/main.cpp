@@ -51,6 +51,7 @@
 #include <loom/loom.hpp>
 #include <loom/state/checkpoints.hpp>
 
+#include "common/checkpoint_flags.hpp"
 #include "common/progress.hpp"
 
 namespace {
@@ -66,10 +67,7 @@ struct Options {
   int64_t warmup_steps = 0;  // 0: a constant lr
   std::string metrics;       // empty: no CSV
   int64_t log_every = 10;
-  std::string checkpoint_dir;  // empty: no checkpoints
-  int64_t checkpoint_every = 100;
-  bool async_save = false;
-  std::size_t keep = 3;
+  examples::CheckpointFlags checkpoints;
 };
 
 /// A run stopped by a signal after saving its step; main exits with `code`.
@@ -184,8 +182,8 @@ double train_and_evaluate(RT& rt, const Options& o) {
       {"model", model}, {"optimizer", opt}, {"runtime", rt}, {"sampler", sampler}, {"step", step}};
   if (schedule) state.emplace_back("scheduler", *schedule);
   std::optional<loom::Checkpoints> ckpt;
-  if (!o.checkpoint_dir.empty()) {
-    ckpt.emplace(o.checkpoint_dir, loom::CheckpointsOptions{.keep_last = o.keep});
+  if (!o.checkpoints.dir.empty()) {
+    ckpt.emplace(o.checkpoints.dir, loom::CheckpointsOptions{.keep_last = o.checkpoints.keep});
     if (auto resumed = ckpt->resume(rt, state)) {  // the newest checkpoint that loads
       std::printf("resumed from %s at step %lld\n", ckpt->path(*resumed).string().c_str(),
                   static_cast<long long>(step));
@@ -235,10 +233,10 @@ double train_and_evaluate(RT& rt, const Options& o) {
       ++step;
       progress.step(batch.data.size(0), l);
       metrics.step(step, l, batch.data.size(0), lr());
-      if (step % o.checkpoint_every == 0) save(o.async_save);
+      if (step % o.checkpoints.every == 0) save(o.checkpoints.async_save);
       if (stop.should_stop(rt)) {
         progress.finish();
-        if (step % o.checkpoint_every != 0) save();
+        if (step % o.checkpoints.every != 0) save();
         std::printf("stopped by signal %d at step %lld%s\n", stop.signal(),
                     static_cast<long long>(step), ckpt ? ", saved" : " (no --checkpoint-dir)");
         throw Stopped{stop.exit_code()};
@@ -248,7 +246,7 @@ double train_and_evaluate(RT& rt, const Options& o) {
   }
   progress.finish();
   if (ckpt) {
-    if (step % o.checkpoint_every != 0) save();
+    if (step % o.checkpoints.every != 0) save();
     ckpt->wait(rt);  // a background save still under way
     const auto final_path = ckpt->dir() / "final.pt";
     rt.save(final_path, state);
@@ -293,15 +291,7 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--metrics", o.metrics, "write step,loss,lr,samples_per_s rows to this CSV");
   app.add_option("--log-every", o.log_every, "steps per metrics row")->check(CLI::PositiveNumber);
-  app.add_option("--checkpoint-dir", o.checkpoint_dir,
-                 "save the training state to DIR/step-N.pt and DIR/final.pt; resume from the "
-                 "newest checkpoint there");
-  app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--keep", o.keep, "checkpoints kept in DIR (the newest)")
-      ->check(CLI::PositiveNumber);
-  app.add_flag("--async-save", o.async_save,
-               "write the periodic checkpoints in a background thread while training goes on");
+  o.checkpoints.add_to(app, "");
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -47,6 +47,7 @@
 #include <loom/loom.hpp>
 #include <loom/state/checkpoints.hpp>
 
+#include "common/checkpoint_flags.hpp"
 #include "common/progress.hpp"
 
 namespace {
@@ -61,10 +62,7 @@ struct Options {
   double lr = 1e-3;
   int64_t accumulate = 1;
   std::string comm_hook = "none";
-  std::string checkpoint_dir;  // empty: no checkpoints
-  int64_t checkpoint_every = 100;
-  bool async_save = false;
-  std::size_t keep = 3;
+  examples::CheckpointFlags checkpoints;
 };
 
 struct Outcome {
@@ -117,8 +115,8 @@ Outcome train_and_evaluate(RT& rt, const Options& o) {
   loom::State state{
       {"model", model}, {"optimizer", opt}, {"runtime", rt}, {"sampler", sampler}, {"step", step}};
   std::optional<loom::Checkpoints> ckpt;
-  if (!o.checkpoint_dir.empty()) {
-    ckpt.emplace(o.checkpoint_dir, loom::CheckpointsOptions{.keep_last = o.keep});
+  if (!o.checkpoints.dir.empty()) {
+    ckpt.emplace(o.checkpoints.dir, loom::CheckpointsOptions{.keep_last = o.checkpoints.keep});
     if (auto resumed = ckpt->resume(rt, state)) {  // every rank reads the newest that loads
       loom::dist::rank_zero_print(s, "resumed from " + ckpt->path(*resumed).string() + " at step " +
                                          std::to_string(step) + " (restart " +
@@ -159,10 +157,10 @@ Outcome train_and_evaluate(RT& rt, const Options& o) {
       ++step;
       l = mean_over_ranks(s, l);
       if (progress) progress->step(batch.data.size(0) * s.world_size(), l);
-      if (step % o.checkpoint_every == 0) save(o.async_save);
+      if (step % o.checkpoints.every == 0) save(o.checkpoints.async_save);
       if (stop.should_stop(rt)) {
         if (progress) progress->finish();
-        if (step % o.checkpoint_every != 0) save();
+        if (step % o.checkpoints.every != 0) save();
         loom::dist::rank_zero_print(s, "stopped by signal " + std::to_string(stop.signal()) +
                                            " at step " + std::to_string(step) +
                                            (ckpt ? ", saved" : " (no --checkpoint-dir)"));
@@ -174,7 +172,7 @@ Outcome train_and_evaluate(RT& rt, const Options& o) {
   }
   if (progress) progress->finish();
   if (ckpt) {
-    if (step % o.checkpoint_every != 0) save();
+    if (step % o.checkpoints.every != 0) save();
     ckpt->wait(rt);  // a background save still under way
     const auto final_path = ckpt->dir() / "final.pt";
     rt.save(final_path, state);
@@ -224,15 +222,7 @@ int main(int argc, char** argv) {
                  "micro-batches per step: each batch is cut into K, the first K - 1 backwards "
                  "skip the all-reduce (rt.no_backward_sync), the last reduces their sum")
       ->check(CLI::PositiveNumber);
-  app.add_option("--checkpoint-dir", o.checkpoint_dir,
-                 "save the training state to DIR/step-N.pt and DIR/final.pt; resume from the "
-                 "newest checkpoint there (after a torchrun restart too)");
-  app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--keep", o.keep, "checkpoints kept in DIR (the newest)")
-      ->check(CLI::PositiveNumber);
-  app.add_flag("--async-save", o.async_save,
-               "write the periodic checkpoints in a background thread while training goes on");
+  o.checkpoints.add_to(app, " (after a torchrun restart too)");
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -38,17 +38,26 @@ void set_step(torch::nn::Linear& model, std::int64_t step) {
   model->weight.fill_(static_cast<double>(step));
 }
 
+/// A toy run: a runtime, a Linear model, SGD, and the state that names them.
+struct ToyRun {
+  loom::Runtime<loom::Cpu, loom::Fp32> rt;
+  torch::nn::Linear model{3, 2};
+  torch::optim::SGD opt{model->parameters(), 0.1};
+  loom::State state;
+  ToyRun() {
+    rt.setup(model, opt);
+    state = loom::State{{"model", model}, {"optimizer", opt}, {"runtime", rt}};
+  }
+};
+
 }  // namespace
 
 TEST_CASE("Checkpoints keeps the last K and every M-th, points latest at the newest, resumes",
           "[checkpoint][directory]") {
   TempDir tmp;
   const auto dir = tmp.path / "run";
-  loom::Runtime<loom::Cpu, loom::Fp32> rt;
-  torch::nn::Linear model(3, 2);
-  torch::optim::SGD opt(model->parameters(), 0.1);
-  rt.setup(model, opt);
-  loom::State state{{"model", model}, {"optimizer", opt}, {"runtime", rt}};
+  ToyRun run;
+  auto& [rt, model, opt, state] = run;
 
   loom::Checkpoints ckpt(dir, {.keep_last = 2, .keep_every = 2});
   CHECK(ckpt.steps().empty());
@@ -103,11 +112,8 @@ TEST_CASE("An asynchronous save writes what the state held when it was called",
           "[checkpoint][directory][async]") {
   TempDir tmp;
   const auto dir = tmp.path / "run";
-  loom::Runtime<loom::Cpu, loom::Fp32> rt;
-  torch::nn::Linear model(3, 2);
-  torch::optim::SGD opt(model->parameters(), 0.1);
-  rt.setup(model, opt);
-  loom::State state{{"model", model}, {"optimizer", opt}, {"runtime", rt}};
+  ToyRun run;
+  auto& [rt, model, opt, state] = run;
   loom::Checkpoints ckpt(dir, {.keep_last = 2});
 
   for (std::int64_t step = 1; step <= 3; ++step) {
@@ -134,11 +140,8 @@ TEST_CASE("A failed background write is thrown by the next wait, save or resume"
           "[checkpoint][directory][async]") {
   TempDir tmp;
   const auto dir = tmp.path / "run";
-  loom::Runtime<loom::Cpu, loom::Fp32> rt;
-  torch::nn::Linear model(3, 2);
-  torch::optim::SGD opt(model->parameters(), 0.1);
-  rt.setup(model, opt);
-  loom::State state{{"model", model}, {"optimizer", opt}, {"runtime", rt}};
+  ToyRun run;
+  auto& [rt, model, opt, state] = run;
   loom::Checkpoints ckpt(dir);
   // A non-empty directory where step 2's file goes: the rename at the end of the write fails.
   fs::create_directories(dir / "step-2.pt" / "occupied");
