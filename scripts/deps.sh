@@ -16,7 +16,8 @@ LOOM_VENV=${LOOM_VENV:-$LOOM_HOME/torch-$LOOM_TORCH_VERSION}
 log() { echo "[loom deps] $*" >&2; }
 
 os_packages=(cmake ninja-build g++ clang-14 libclang-rt-14-dev clang-format-14 ccache gzip python3-venv
-             catch2 libboost1.81-dev libcli11-dev libgloo-dev libbenchmark-dev doxygen dataset-fashion-mnist)
+             catch2 libboost1.81-dev libcli11-dev libgloo-dev libbenchmark-dev libdeflate-dev doxygen
+             dataset-fashion-mnist)
 missing=()
 for p in "${os_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

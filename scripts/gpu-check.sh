@@ -62,12 +62,15 @@ say "- third-party headers: $third"
 
 # 2. Configure: the packed headers stand in for Boost's and Catch2's CMake packages.
 generator=()
+libdeflate=()  # packed by pack-gpu-deps.sh: the checkpoints' CRC-32
+[ -f "$third/libdeflate.h" ] && [ -f "$third/lib/libdeflate.so" ] &&
+  libdeflate=(-DLOOM_LIBDEFLATE_INCLUDE="$third" -DLOOM_LIBDEFLATE_LIBRARY="$third/lib/libdeflate.so")
 [ -x "$ninja_bin" ] && generator=(-G Ninja -DCMAKE_MAKE_PROGRAM="$ninja_bin")
 timeout "$(left)" "$cmake_bin" -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$prefix" -DTorch_DIR="$prefix/Torch" \
   -DLOOM_THIRD_PARTY_DIR="$third" -DCMAKE_DISABLE_FIND_PACKAGE_Boost=ON \
   -DLOOM_GLOO_INCLUDE_DIR="$third" -DLOOM_BUILD_DIST="$([ -f "$third/gloo/algorithm.h" ] && echo ON || echo OFF)" \
-  -DLOOM_PYTHON="$py" \
+  -DLOOM_PYTHON="$py" "${libdeflate[@]}" \
   -DCMAKE_DISABLE_FIND_PACKAGE_Catch2=ON -DCMAKE_DISABLE_FIND_PACKAGE_benchmark=ON \
   -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_GPU_TESTS=ON -DLOOM_BUILD_BENCHMARKS=ON \
   -DLOOM_BUILD_EXAMPLES=OFF -DLOOM_INSTALL=OFF -DLOOM_WERROR=OFF >"$out/configure.log" 2>&1 ||

@@ -7,6 +7,8 @@
 #                                                   includes (found with the compiler's -M)
 #   <dir>/gloo/...                                  gloo's headers, for loom::dist (headers only)
 #   <dir>/CLI/...                                   CLI11 (header-only), for the DDP benchmark
+#   <dir>/libdeflate.h, <dir>/lib/libdeflate.so*    libdeflate, the checkpoints' CRC-32 (else
+#                                                   loom falls back to zlib or its own)
 # Usage: scripts/pack-gpu-deps.sh [dir]   (default build-gpu-deps, git-ignored; prints the dir)
 # Then: LOOM_THIRD_PARTY=<dir> scripts/gpu-check.sh
 set -euo pipefail
@@ -47,6 +49,15 @@ if [ -f "$inc/CLI/CLI.hpp" ]; then
   cp -r "$inc/CLI" "$dest/"
 else
   echo "pack-gpu-deps: no $inc/CLI (libcli11-dev): the GPU check will not run the DDP benchmark" >&2
+fi
+libdeflate_so=$(ls /usr/lib/*/libdeflate.so.0 /usr/lib/libdeflate.so.0 2>/dev/null | head -1 || true)
+if [ -f "$inc/libdeflate.h" ] && [ -n "$libdeflate_so" ]; then
+  mkdir -p "$dest/lib"
+  cp "$inc/libdeflate.h" "$dest/"
+  cp -L "$libdeflate_so" "$dest/lib/libdeflate.so.0"
+  cp "$dest/lib/libdeflate.so.0" "$dest/lib/libdeflate.so"  # a file: links may not travel
+else
+  echo "pack-gpu-deps: no libdeflate (libdeflate-dev): checkpoints' CRC-32 from zlib or loom's own" >&2
 fi
 echo "pack-gpu-deps: $(find "$dest" -type f | wc -l) files, $(du -sh "$dest" | cut -f1)" >&2
 echo "$dest"

@@ -41,6 +41,7 @@
 #include <loom/is_default.hpp>
 #include <loom/optim/adam.hpp>
 #include <loom/optim/cosine_annealing_lr.hpp>
+#include <loom/optim/exponential_lr.hpp>
 #include <loom/optim/fused.hpp>
 #include <loom/optim/libtorch_traits.hpp>
 #include <loom/optim/linear_lr.hpp>
@@ -50,6 +51,7 @@
 #include <loom/optim/one_cycle_lr.hpp>
 #include <loom/optim/optimizer_table.hpp>
 #include <loom/optim/optimizer_traits.hpp>
+#include <loom/optim/polynomial_lr.hpp>
 #include <loom/optim/sgd.hpp>
 #include <loom/optim/step_lr.hpp>
 #include <loom/optim/warmup_cosine_lr.hpp>

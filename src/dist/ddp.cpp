@@ -39,6 +39,7 @@
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include <loom/detail/env.hpp>
+#include <loom/detail/message_of.hpp>
 #include <loom/detail/refuse_state.hpp>
 #include <loom/error.hpp>
 
@@ -58,19 +59,6 @@ std::string seconds(std::chrono::milliseconds t) {
   auto ms = t.count();
   if (ms % 1000 == 0) return std::to_string(ms / 1000) + " s";
   return std::to_string(ms) + " ms";
-}
-
-/// The message of any exception, without c10's backtrace.
-std::string message_of(std::exception_ptr error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "an exception that is not a std::exception";
-  }
 }
 
 /// Whether `error` came from communication (a peer, the network, a timeout), not from a misuse
@@ -308,7 +296,7 @@ namespace {
 /// the group first and names what to check.
 [[noreturn]] void throw_failure(detail::DdpState& s, std::string_view what,
                                 std::exception_ptr error) {
-  const std::string text = message_of(error);
+  const std::string text = loom::detail::message_of(error);
   if (!is_communication_error(error)) {
     std::string hint;
     if (text.find("Expected to have finished reduction") != std::string::npos) {
@@ -421,7 +409,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const detail::DdpState& s) {
     }
     return store;
   } catch (...) {
-    std::string text = message_of(std::current_exception());
+    std::string text = loom::detail::message_of(std::current_exception());
     while (!text.empty() && (text.back() == '.' || text.back() == '\n')) text.pop_back();
     const bool server = s.env.rank == 0 && !s.env.agent_store;
     throw Error("loom::Ddp: rank " + std::to_string(s.env.rank) + " of " +
@@ -511,7 +499,7 @@ void check_same_parameters_on_every_rank(detail::DdpState& s,
     throw Error(
         "loom::Ddp: the ranks' models differ (their parameters must have the same "
         "count, shapes and strides on every rank): " +
-        message_of(error));
+        loom::detail::message_of(error));
   }
 }
 

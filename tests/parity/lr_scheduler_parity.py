@@ -38,6 +38,8 @@ CASES = [
     ("onecycle_linear3_adam", "adam", "OneCycleLR",
      dict(max_lr=0.01, total_steps=STEPS, pct_start=0.25, anneal_strategy="linear",
           three_phase=True, base_momentum=0.8, max_momentum=0.9)),
+    ("exponential", "adam", "ExponentialLR", dict(gamma=0.93)),
+    ("polynomial", "sgd", "PolynomialLR", dict(total_iters=25, power=1.7)),
 ]
 
 

@@ -3,13 +3,15 @@
 //
 // LibTorch's zip reader is built with miniz's CRC checks turned off (so are Python's
 // torch.load reads): a flipped bit in a tensor would load as a wrong number. loom checks every
-// record it reads against the CRC the writer stored (docs/checkpoints.md).
+// record it reads against the CRC the writer stored, and computes the CRCs it writes itself
+// (docs/checkpoints.md).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include <loom/error.hpp>
 
@@ -34,8 +36,9 @@ constexpr Crc32Tables make_crc32_tables() {
 
 inline constexpr Crc32Tables kCrc32 = make_crc32_tables();
 
-/// The CRC-32 of [data, data + n) (slicing by 8, on a little-endian host), continuing `crc`.
-inline uint32_t crc32(const void* data, std::size_t n, uint32_t crc = 0) {
+/// The CRC-32 of [data, data + n) (slicing by 8, on a little-endian host), continuing `crc`:
+/// loom's own, what crc32() falls back to where neither libdeflate nor zlib was found.
+inline uint32_t crc32_portable(const void* data, std::size_t n, uint32_t crc = 0) {
   const auto* p = static_cast<const unsigned char*>(data);
   const auto& t = kCrc32.t;
   crc = ~crc;
@@ -51,13 +54,30 @@ inline uint32_t crc32(const void* data, std::size_t n, uint32_t crc = 0) {
   return ~crc;
 }
 
+/// The CRC-32 of [data, data + n), continuing `crc` (src/checkpoint/crc32.cpp): libdeflate's
+/// libdeflate_crc32 (carry-less multiplication) where loom was built with it, else zlib's crc32,
+/// else crc32_portable.
+uint32_t crc32(const void* data, std::size_t n, uint32_t crc = 0);
+
+/// Which implementation crc32() is: "libdeflate 1.14", "zlib 1.2.13" or "loom slicing-by-8".
+const char* crc32_implementation();
+
 /// Reads `n` bytes at `offset` of the file (fewer at its end).
 using RangeReader = std::function<std::string(uint64_t offset, std::size_t n)>;
 
-/// The CRC of every record in a zip's central directory, by name without the archive's
-/// "<name>/" prefix (what PyTorchStreamReader takes). Handles zip64 (files over 4 GiB).
-inline std::unordered_map<std::string, uint32_t> zip_crcs(const RangeReader& read, uint64_t size,
-                                                          const std::string& what) {
+/// One record of a zip, as its central directory describes it.
+struct ZipEntry {
+  std::string name;    ///< without the archive's "<name>/" prefix (what PyTorchStreamReader takes)
+  uint32_t crc = 0;    ///< the CRC-32 the directory records (0: none, or an empty record)
+  uint16_t flags = 0;  ///< general purpose flags; bit 3: sizes and CRC in a data descriptor
+  uint64_t size = 0;   ///< stored (compressed) size
+  uint64_t local_at = 0;  ///< offset of the record's local header
+  uint64_t entry_at = 0;  ///< offset of its central directory entry
+};
+
+/// The records of a zip's central directory, in its order. Handles zip64 (files over 4 GiB).
+inline std::vector<ZipEntry> zip_entries(const RangeReader& read, uint64_t size,
+                                         const std::string& what) {
   auto bad = [&](const char* why) {
     return Error("loom::checkpoint: " + what + ": the zip's central directory " + why);
   };
@@ -100,20 +120,102 @@ inline std::unordered_map<std::string, uint32_t> zip_crcs(const RangeReader& rea
   }
   const std::string cd = read(cd_offset, static_cast<std::size_t>(cd_size));
   if (cd.size() != cd_size) throw bad("is truncated");
-  std::unordered_map<std::string, uint32_t> out;
+  std::vector<ZipEntry> out;
+  out.reserve(static_cast<std::size_t>(entries));
   std::size_t at = 0;
   for (uint64_t e = 0; e < entries; ++e) {
     if (cd.size() - at < 46 || u32(cd, at) != 0x02014b50u) throw bad("has a malformed entry");
-    const uint32_t crc = u32(cd, at + 16);
     const std::size_t name_n = u16(cd, at + 28), extra_n = u16(cd, at + 30),
                       comment_n = u16(cd, at + 32);
     if (cd.size() - at - 46 < name_n + extra_n + comment_n) throw bad("has a malformed entry");
+    ZipEntry entry;
+    entry.crc = u32(cd, at + 16);
+    entry.flags = static_cast<uint16_t>(u16(cd, at + 8));
+    entry.size = u32(cd, at + 20);
+    entry.local_at = u32(cd, at + 42);
+    entry.entry_at = cd_offset + at;
+    // zip64's extended information (id 1) holds, in this order, the sizes and the offset that
+    // the entry marks 0xffffffff.
+    const bool usize64 = u32(cd, at + 24) == 0xffffffffu, csize64 = entry.size == 0xffffffffu,
+               local64 = entry.local_at == 0xffffffffu;
+    for (std::size_t x = at + 46 + name_n, end = x + extra_n; x + 4 <= end;) {
+      const std::size_t id = u16(cd, x), n = u16(cd, x + 2);
+      if (x + 4 + n > end) throw bad("has a malformed extra field");
+      if (id == 1) {
+        std::size_t f = x + 4;
+        auto next = [&] {
+          if (f + 8 > x + 4 + n) throw bad("has a short zip64 extra field");
+          f += 8;
+          return u64(cd, f - 8);
+        };
+        if (usize64) next();
+        if (csize64) entry.size = next();
+        if (local64) entry.local_at = next();
+      }
+      x += 4 + n;
+    }
     std::string name = cd.substr(at + 46, name_n);
     const auto slash = name.find('/');
-    out[slash == std::string::npos ? name : name.substr(slash + 1)] = crc;
+    entry.name = slash == std::string::npos ? name : name.substr(slash + 1);
+    out.push_back(std::move(entry));
     at += 46 + name_n + extra_n + comment_n;
   }
   return out;
+}
+
+/// The CRC of every record in a zip's central directory, by name without the archive's
+/// "<name>/" prefix (what PyTorchStreamReader takes).
+inline std::unordered_map<std::string, uint32_t> zip_crcs(const RangeReader& read, uint64_t size,
+                                                          const std::string& what) {
+  std::unordered_map<std::string, uint32_t> out;
+  for (auto& e : zip_entries(read, size, what)) out[std::move(e.name)] = e.crc;
+  return out;
+}
+
+/// Writes 4 bytes, little-endian, at an offset of what was already written.
+using Patcher = std::function<void(uint64_t offset, uint32_t value)>;
+
+/// Puts the CRC-32 of every record of a zip written without them (LibTorch's writer with
+/// compute_crc32 off leaves 0s) where readers look: the central directory entry, and the data
+/// descriptor after the record (flag bit 3, LibTorch's writer's layout) or else its local
+/// header. `known` gives the CRCs of records already computed, by name; the others (the
+/// writer's own small records) are read back.
+inline void put_zip_crcs(const RangeReader& read, const Patcher& put, uint64_t size,
+                         const std::unordered_map<std::string, uint32_t>& known,
+                         const std::string& what) {
+  auto u32 = [](const std::string& s, std::size_t at) {
+    uint32_t v;
+    std::memcpy(&v, s.data() + at, 4);
+    return v;  // little-endian host (io.hpp asserts it)
+  };
+  auto bad = [&](const ZipEntry& e, const char* why) {
+    return Error("loom::checkpoint: writing " + what + ": the record " + e.name + " " + why);
+  };
+  for (const auto& e : zip_entries(read, size, what)) {
+    const std::string local = read(e.local_at, 30);
+    if (local.size() != 30 || u32(local, 0) != 0x04034b50u) {
+      throw bad(e, "has no local header where the central directory says");
+    }
+    const uint64_t data_at = e.local_at + 30 + (u32(local, 26) & 0xffffu) + (u32(local, 26) >> 16);
+    if (data_at > size || e.size > size - data_at) throw bad(e, "does not fit the file");
+    uint32_t crc;
+    if (auto it = known.find(e.name); it != known.end()) {
+      crc = it->second;
+    } else {
+      const std::string bytes = read(data_at, static_cast<std::size_t>(e.size));
+      if (bytes.size() != e.size) throw bad(e, "is truncated");
+      crc = crc32(bytes.data(), bytes.size());
+    }
+    put(e.entry_at + 16, crc);
+    if (e.flags & 8u) {
+      const uint64_t desc_at = data_at + e.size;
+      const std::string sig = read(desc_at, 4);
+      if (sig.size() != 4) throw bad(e, "lacks its data descriptor");
+      put(u32(sig, 0) == 0x08074b50u ? desc_at + 4 : desc_at, crc);
+    } else {
+      put(e.local_at + 14, crc);
+    }
+  }
 }
 
 }  // namespace loom::checkpoint::detail

@@ -4,8 +4,11 @@
 // The file is LibTorch's zip container (caffe2::serialize::PyTorchStreamWriter/Reader, the one
 // torch.save uses) with loom's pickle inside (checkpoint/pickle.hpp): stock Python opens it
 // with torch.load(path) (weights_only=True, no allowlist), and loom opens what torch.save
-// wrote. Saving is atomic: a temporary file in the target's directory, fsync, rename, fsync of
-// the directory; an interrupted save leaves the previous file as it was.
+// wrote. The CRC-32s are loom's (checkpoint/crc32.hpp: libdeflate's where built with it),
+// computed beside the writes and put in place after them; LibTorch's writer, whose CRC is
+// several times slower, is told not to compute them. Saving is atomic: a temporary file in the
+// target's directory, fsync, rename, fsync of the directory; an interrupted save leaves the
+// previous file as it was.
 #include <bit>
 #include <cerrno>
 #include <condition_variable>
@@ -19,8 +22,10 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -145,18 +150,51 @@ class CrcChecks {
   std::thread worker_;
 };
 
-inline void write_records(caffe2::serialize::PyTorchStreamWriter& writer,
-                          const c10::IValue& value) {
+/// Writes `value`'s records through `writer` (made with compute_crc32 off: miniz's CRC-32 is
+/// several times slower than crc32()) and returns the CRC-32 of each record it wrote, by name,
+/// for put_zip_crcs. The storages' CRCs are computed on a second thread while the writer
+/// writes them (on this one where there is no second core).
+inline std::unordered_map<std::string, uint32_t> write_records(
+    caffe2::serialize::PyTorchStreamWriter& writer, const c10::IValue& value) {
   PickleWriter pickler;
   const std::string pkl = pickler.pickle(value);
-  writer.writeRecord("data.pkl", pkl.data(), pkl.size());
-  writer.writeRecord(".format_version", "1", 1);
-  writer.writeRecord(".storage_alignment", "64", 2);
-  writer.writeRecord("byteorder", "little", 6);
-  for (const auto& s : pickler.storages()) {
-    writer.writeRecord("data/" + s.key, s.bytes.const_data_ptr(), s.bytes.nbytes());
+  const auto& storages = pickler.storages();
+  std::vector<uint32_t> storage_crcs(storages.size());
+  auto compute = [&] {
+    for (std::size_t i = 0; i < storages.size(); ++i) {
+      storage_crcs[i] = crc32(storages[i].bytes.const_data_ptr(),
+                              static_cast<std::size_t>(storages[i].bytes.nbytes()));
+    }
+  };
+  int64_t total = 0;
+  for (const auto& st : storages) total += st.bytes.nbytes();
+  std::jthread worker;  // joined before the storages go (declared after the pickler)
+  if (total >= static_cast<int64_t>(CrcChecks::kDeferBytes) &&
+      std::thread::hardware_concurrency() >= 2) {
+    try {
+      worker = std::jthread(compute);
+    } catch (const std::system_error&) {
+    }
+  }
+  if (!worker.joinable()) compute();
+  std::unordered_map<std::string, uint32_t> crcs;
+  auto record = [&](const std::string& name, const void* data, std::size_t n) {
+    writer.writeRecord(name, data, n);
+    crcs[name] = crc32(data, n);
+  };
+  record("data.pkl", pkl.data(), pkl.size());
+  record(".format_version", "1", 1);
+  record(".storage_alignment", "64", 2);
+  record("byteorder", "little", 6);
+  for (const auto& st : storages) {
+    writer.writeRecord("data/" + st.key, st.bytes.const_data_ptr(), st.bytes.nbytes());
   }
   writer.writeEndOfFile();
+  if (worker.joinable()) worker.join();
+  for (std::size_t i = 0; i < storages.size(); ++i) {
+    crcs["data/" + storages[i].key] = storage_crcs[i];
+  }
+  return crcs;
 }
 
 /// Reads the value of a torch.save file of `file_bytes` bytes (no storage can be larger),
@@ -231,7 +269,7 @@ decltype(auto) container_errors(const std::string& what, F&& f) {
 class TempFile {
  public:
   explicit TempFile(std::filesystem::path path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) {
       throw Error("loom::checkpoint: cannot write " + path_.string() + ": " + std::strerror(errno));
     }
@@ -264,10 +302,39 @@ class TempFile {
       }
       p += w;
       left -= static_cast<size_t>(w);
+      written_ += static_cast<uint64_t>(w);
     }
     return n;
   }
   int error() const noexcept { return error_; }
+  /// Bytes written so far.
+  uint64_t size() const noexcept { return written_; }
+  /// Reads back up to `n` bytes written at `offset`.
+  std::string read(uint64_t offset, std::size_t n) const {
+    std::string out(n, '\0');
+    std::size_t got = 0;
+    while (got < n) {
+      const auto r = ::pread(fd_, out.data() + got, n - got, static_cast<off_t>(offset + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) {
+        throw Error("loom::checkpoint: reading back " + path_.string() +
+                    " failed: " + std::strerror(errno));
+      }
+      if (r == 0) break;
+      got += static_cast<std::size_t>(r);
+    }
+    out.resize(got);
+    return out;
+  }
+  /// Rewrites 4 bytes (little-endian) at `offset`.
+  void put(uint64_t offset, uint32_t value) {
+    char b[4];
+    std::memcpy(b, &value, 4);
+    if (::pwrite(fd_, b, 4, static_cast<off_t>(offset)) != 4) {
+      throw Error("loom::checkpoint: writing " + path_.string() +
+                  " failed: " + std::strerror(errno ? errno : EIO));
+    }
+  }
   /// fsync (when `sync`) and close; then the caller renames it and calls keep().
   void close(bool sync) {
     if (sync && ::fsync(fd_) != 0) {
@@ -287,6 +354,7 @@ class TempFile {
   std::filesystem::path path_;
   int fd_ = -1;
   int error_ = 0;
+  uint64_t written_ = 0;
   bool kept_ = false;
 };
 
@@ -307,10 +375,12 @@ inline void save_value(const std::filesystem::path& path, const c10::IValue& val
   const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   const auto tmp = dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()));
   detail::TempFile file(tmp);
+  std::unordered_map<std::string, uint32_t> crcs;
   try {
     caffe2::serialize::PyTorchStreamWriter writer(
-        [&](const void* data, size_t n) { return file.write(data, n); });
-    detail::write_records(writer, value);
+        [&](const void* data, size_t n) { return file.write(data, n); },
+        /*compute_crc32=*/false);
+    crcs = detail::write_records(writer, value);
   } catch (const c10::Error& e) {
     throw Error("loom::checkpoint: writing " + path.string() + " failed" +
                 (file.error() ? std::string(": ") + std::strerror(file.error()) : "") + " (" +
@@ -320,6 +390,9 @@ inline void save_value(const std::filesystem::path& path, const c10::IValue& val
     throw Error("loom::checkpoint: writing " + path.string() +
                 " failed: " + std::strerror(file.error()));
   }
+  detail::put_zip_crcs([&](uint64_t offset, std::size_t n) { return file.read(offset, n); },
+                       [&](uint64_t offset, uint32_t crc) { file.put(offset, crc); }, file.size(),
+                       crcs, path.string());
   file.close(options.sync);
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
@@ -334,11 +407,22 @@ inline void save_value(const std::filesystem::path& path, const c10::IValue& val
 /// The bytes of a torch.save file holding `value` (what save_value writes, in memory).
 inline std::string save_bytes(const c10::IValue& value) {
   std::string out;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
-    out.append(static_cast<const char*>(data), n);
-    return n;
-  });
-  detail::write_records(writer, value);
+  std::unordered_map<std::string, uint32_t> crcs;
+  {
+    caffe2::serialize::PyTorchStreamWriter writer(
+        [&](const void* data, size_t n) {
+          out.append(static_cast<const char*>(data), n);
+          return n;
+        },
+        /*compute_crc32=*/false);
+    crcs = detail::write_records(writer, value);
+  }
+  detail::put_zip_crcs(
+      [&](uint64_t offset, std::size_t n) {
+        return offset >= out.size() ? std::string() : out.substr(offset, n);
+      },
+      [&](uint64_t offset, uint32_t crc) { std::memcpy(out.data() + offset, &crc, 4); }, out.size(),
+      crcs, "the checkpoint");
   return out;
 }
 

@@ -1,12 +1,15 @@
 #pragma once
 // loom::optim learning-rate schedulers, all of them: StepLR, MultiStepLR, LinearLR,
-// CosineAnnealingLR, WarmupCosineLR (linear warm-up, then cosine annealing) and OneCycleLR.
+// ExponentialLR, PolynomialLR, CosineAnnealingLR, WarmupCosineLR (linear warm-up, then cosine
+// annealing) and OneCycleLR.
 // Each has its own header; their base is optim/lr_scheduler_base.hpp (docs/optim.md,
 // "Learning-rate schedulers").
 #include <loom/optim/cosine_annealing_lr.hpp>
+#include <loom/optim/exponential_lr.hpp>
 #include <loom/optim/linear_lr.hpp>
 #include <loom/optim/lr_scheduler_base.hpp>
 #include <loom/optim/multi_step_lr.hpp>
 #include <loom/optim/one_cycle_lr.hpp>
+#include <loom/optim/polynomial_lr.hpp>
 #include <loom/optim/step_lr.hpp>
 #include <loom/optim/warmup_cosine_lr.hpp>

@@ -25,6 +25,7 @@
 #include <loom/checkpoint/async.hpp>
 #include <loom/checkpoint/checkpoint_io.hpp>
 #include <loom/concepts/strategy.hpp>
+#include <loom/detail/message_of.hpp>
 #include <loom/error.hpp>
 #include <loom/state/checkpoint.hpp>
 
@@ -112,7 +113,7 @@ class Checkpoints {
     if (!pending_) return;
     if (auto error = writer_->wait()) {
       TORCH_WARN("loom::Checkpoints: the background save of ", path(*pending_).string(),
-                 " failed: ", message_of(error));
+                 " failed: ", loom::detail::message_of(error));
       return;
     }
     try {
@@ -165,8 +166,8 @@ class Checkpoints {
       if (pending_writer_) finish(step);
       return;
     }
-    const std::string reason =
-        s.broadcast_object(error ? message_of(error) : std::string(), static_cast<int>(failed));
+    const std::string reason = s.broadcast_object(
+        error ? loom::detail::message_of(error) : std::string(), static_cast<int>(failed));
     throw Error("loom::Checkpoints: the background save of " + path(step).string() +
                 " failed on rank " + std::to_string(failed) + ": " + reason);
   }
@@ -218,16 +219,6 @@ class Checkpoints {
     auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
     if (ec != std::errc() || end != digits.data() + digits.size() || step < 0) return std::nullopt;
     return step;
-  }
-
-  static std::string message_of(const std::exception_ptr& error) {
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      return e.what();
-    } catch (...) {
-      return "an exception that is not a std::exception";
-    }
   }
 
   /// After `step`'s file is written, on the rank that wrote it: `latest`, then pruning.

@@ -18,6 +18,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/serialize.h>
 
+#include <unistd.h>
+
 #include <loom/checkpoint/io.hpp>
 
 using Catch::Matchers::Contains;
@@ -289,4 +291,99 @@ TEST_CASE("crc32 is the zip checksum", "[checkpoint]") {
   const auto whole = loom::checkpoint::detail::crc32(long_input.data(), long_input.size());
   const auto first = loom::checkpoint::detail::crc32(long_input.data(), 333);
   CHECK(loom::checkpoint::detail::crc32(long_input.data() + 333, 667, first) == whole);
+  CHECK(std::string(loom::checkpoint::detail::crc32_implementation()).size() > 0);
+}
+
+TEST_CASE("crc32 (the library's) and crc32_portable (loom's fallback) agree", "[checkpoint]") {
+  std::string bytes(100003, '\0');
+  uint32_t x = 12345;
+  for (auto& c : bytes) {
+    x = x * 1103515245u + 12345u;
+    c = static_cast<char>(x >> 24);
+  }
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8},
+                        std::size_t{63}, std::size_t{4096}, bytes.size()}) {
+    INFO("n = " << n);
+    CHECK(loom::checkpoint::detail::crc32(bytes.data(), n) ==
+          loom::checkpoint::detail::crc32_portable(bytes.data(), n));
+    CHECK(
+        loom::checkpoint::detail::crc32(bytes.data() + 1, n > 0 ? n - 1 : 0, 0xdeadbeefu) ==
+        loom::checkpoint::detail::crc32_portable(bytes.data() + 1, n > 0 ? n - 1 : 0, 0xdeadbeefu));
+  }
+}
+
+TEST_CASE("a saved file carries every record's CRC-32 where zip readers look", "[checkpoint]") {
+  // LibTorch's writer is told not to compute CRCs; loom puts its own in the central directory
+  // and in the data descriptor after each record (the writer's layout: flag bit 3; an empty
+  // record has none, and its CRC, 0, stays in its local header).
+  const auto value = spec();
+  const std::string bytes = loom::checkpoint::save_bytes(value);
+  auto read = [&](uint64_t offset, std::size_t n) {
+    return offset >= bytes.size() ? std::string() : bytes.substr(offset, n);
+  };
+  auto u32 = [&](uint64_t at) {
+    uint32_t v;
+    std::memcpy(&v, bytes.data() + at, 4);
+    return v;
+  };
+  auto u16 = [&](uint64_t at) { return u32(at) & 0xffffu; };
+  const auto entries = loom::checkpoint::detail::zip_entries(read, bytes.size(), "test");
+  REQUIRE(entries.size() >= 6);
+  int storages = 0;
+  for (const auto& e : entries) {
+    INFO(e.name);
+    REQUIRE(u32(e.local_at) == 0x04034b50u);
+    const uint64_t data_at = e.local_at + 30 + u16(e.local_at + 26) + u16(e.local_at + 28);
+    CHECK(e.crc == loom::checkpoint::detail::crc32(bytes.data() + data_at, e.size));
+    if (e.size > 0) CHECK(e.crc != 0u);
+    if (e.size == 0 && (e.flags & 8u) == 0u) {  // an empty record: no data descriptor
+      CHECK(u32(e.local_at + 14) == e.crc);
+      continue;
+    }
+    REQUIRE((e.flags & 8u) != 0u);
+    REQUIRE(u32(data_at + e.size) == 0x08074b50u);
+    CHECK(u32(data_at + e.size + 4) == e.crc);
+    storages += e.name.rfind("data/", 0) == 0 ? 1 : 0;
+  }
+  CHECK(storages >= 2);
+  // The same bytes through a file.
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("loom_crc_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  loom::checkpoint::save_value(dir / "a.pt", value, {.sync = false});
+  std::ifstream in(dir / "a.pt", std::ios::binary);
+  const std::string on_disk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto file_entries = loom::checkpoint::detail::zip_entries(
+      [&](uint64_t offset, std::size_t n) { return on_disk.substr(offset, n); }, on_disk.size(),
+      "test");
+  REQUIRE(file_entries.size() == entries.size());
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i].name == ".data/serialization_id") continue;  // differs per save
+    CHECK(file_entries[i].crc == entries[i].crc);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a large record's CRC-32, computed while it is written, guards it on load",
+          "[checkpoint]") {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  const auto w = at::randn({600000});  // 2.4 MB: its CRC is computed on the second thread
+  d.insert(std::string("w"), w);
+  d.insert(std::string("v"), at::arange(10));
+  std::string bytes = loom::checkpoint::save_bytes(d);
+  const auto back = loom::checkpoint::load_bytes(bytes).toGenericDict();
+  CHECK(at::equal(back.at(std::string("w")).toTensor(), w));
+  const auto entries = loom::checkpoint::detail::zip_entries(
+      [&](uint64_t offset, std::size_t n) { return bytes.substr(offset, n); }, bytes.size(),
+      "test");
+  for (const auto& e : entries) {
+    if (e.size < (std::size_t{1} << 20)) continue;
+    const uint64_t data_at = e.local_at + 30 + static_cast<unsigned char>(bytes[e.local_at + 26]) +
+                             256u * static_cast<unsigned char>(bytes[e.local_at + 27]) +
+                             static_cast<unsigned char>(bytes[e.local_at + 28]) +
+                             256u * static_cast<unsigned char>(bytes[e.local_at + 29]);
+    bytes[data_at + e.size / 2] ^= 0x10;
+    CHECK_THROWS_WITH(loom::checkpoint::load_bytes(bytes),
+                      Contains("the record " + e.name + " is corrupted"));
+  }
 }

@@ -107,6 +107,12 @@ void with_scheduler(const Case& c, torch::optim::Optimizer& opt, F&& f) {
     if (s.count("max_momentum")) o.max_momentum = {num("max_momentum")};
     loom::optim::OneCycleLR sched(opt, o);
     f(sched);
+  } else if (c.kind == "ExponentialLR") {
+    loom::optim::ExponentialLR sched(opt, num("gamma"));
+    f(sched);
+  } else if (c.kind == "PolynomialLR") {
+    loom::optim::PolynomialLR sched(opt, integer("total_iters"), num("power"));
+    f(sched);
   } else {
     FAIL("unknown scheduler " << c.kind);
   }
@@ -184,7 +190,7 @@ TEST_CASE("LR schedulers give Python's lrs, states and skips", "[.][lr_scheduler
   if (path == nullptr) FAIL("LOOM_LR_SCHEDULER_PARITY_FILE is not set");
   int64_t steps = 0, resume = 0;
   const auto cases = read_fixture(path, steps, resume);
-  REQUIRE(cases.size() == 7);
+  REQUIRE(cases.size() == 9);
   for (const auto& c : cases) {
     SECTION(c.name) {
       // 1. Uninterrupted, with the skip mask as step results; loom's state at `resume` saved
@@ -290,6 +296,8 @@ TEST_CASE("LR schedulers reject bad settings and states with clear errors", "[lr
   using Catch::Matchers::Contains;
   using Catch::Matchers::Equals;
   CHECK_THROWS_WITH(loom::optim::StepLR(*s.opt, 0), Contains("step_size must be positive"));
+  CHECK_THROWS_WITH(loom::optim::PolynomialLR(*s.opt, 0),
+                    Equals("loom::optim::PolynomialLR: total_iters must be positive"));
   CHECK_THROWS_WITH(loom::optim::LinearLR(*s.opt, 0.0),
                     Contains("Starting multiplicative factor expected to be greater than 0"));
   CHECK_THROWS_WITH(loom::optim::WarmupCosineLR(*s.opt, {.warmup_steps = 10, .total_steps = 10}),
