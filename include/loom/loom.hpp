@@ -41,8 +41,10 @@
 #include <loom/is_default.hpp>
 #include <loom/optim/adam.hpp>
 #include <loom/optim/cosine_annealing_lr.hpp>
+#include <loom/optim/cosine_annealing_warm_restarts.hpp>
 #include <loom/optim/exponential_lr.hpp>
 #include <loom/optim/fused.hpp>
+#include <loom/optim/lambda_lr.hpp>
 #include <loom/optim/libtorch_traits.hpp>
 #include <loom/optim/linear_lr.hpp>
 #include <loom/optim/lr_scheduler.hpp>

@@ -40,6 +40,8 @@ CASES = [
           three_phase=True, base_momentum=0.8, max_momentum=0.9)),
     ("exponential", "adam", "ExponentialLR", dict(gamma=0.93)),
     ("polynomial", "sgd", "PolynomialLR", dict(total_iters=25, power=1.7)),
+    ("warm_restarts", "sgd", "CosineAnnealingWarmRestarts", dict(T_0=7, T_mult=2, eta_min=0.002)),
+    ("lambda", "adam", "LambdaLR", dict(factor=0.97)),  # lr_lambda: factor ** position
 ]
 
 
@@ -56,6 +58,9 @@ def make(opt_name, sched, settings):
         return opt, L.SequentialLR(opt, [
             L.LinearLR(opt, start_factor=s["warmup_start_factor"], end_factor=1.0, total_iters=w),
             L.CosineAnnealingLR(opt, T_max=t - w, eta_min=s["eta_min"])], milestones=[w])
+    if sched == "LambdaLR":
+        factor = s["factor"]
+        return opt, L.LambdaLR(opt, lambda e: factor ** e)
     return opt, getattr(L, sched)(opt, **s)
 
 

@@ -1,11 +1,13 @@
 #pragma once
 // loom::optim learning-rate schedulers, all of them: StepLR, MultiStepLR, LinearLR,
-// ExponentialLR, PolynomialLR, CosineAnnealingLR, WarmupCosineLR (linear warm-up, then cosine
-// annealing) and OneCycleLR.
+// ExponentialLR, PolynomialLR, LambdaLR, CosineAnnealingLR, CosineAnnealingWarmRestarts,
+// WarmupCosineLR (linear warm-up, then cosine annealing) and OneCycleLR.
 // Each has its own header; their base is optim/lr_scheduler_base.hpp (docs/optim.md,
 // "Learning-rate schedulers").
 #include <loom/optim/cosine_annealing_lr.hpp>
+#include <loom/optim/cosine_annealing_warm_restarts.hpp>
 #include <loom/optim/exponential_lr.hpp>
+#include <loom/optim/lambda_lr.hpp>
 #include <loom/optim/linear_lr.hpp>
 #include <loom/optim/lr_scheduler_base.hpp>
 #include <loom/optim/multi_step_lr.hpp>

@@ -5,6 +5,7 @@
 #include "support/fixture.hpp"
 #include "support/sync_counter.hpp"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -113,6 +114,15 @@ void with_scheduler(const Case& c, torch::optim::Optimizer& opt, F&& f) {
   } else if (c.kind == "PolynomialLR") {
     loom::optim::PolynomialLR sched(opt, integer("total_iters"), num("power"));
     f(sched);
+  } else if (c.kind == "CosineAnnealingWarmRestarts") {
+    loom::optim::CosineAnnealingWarmRestarts sched(opt, integer("T_0"), integer("T_mult"),
+                                                   num("eta_min"));
+    f(sched);
+  } else if (c.kind == "LambdaLR") {
+    const double factor = num("factor");  // Python's lambda e: factor ** e
+    loom::optim::LambdaLR sched(
+        opt, [factor](int64_t e) { return std::pow(factor, static_cast<double>(e)); });
+    f(sched);
   } else {
     FAIL("unknown scheduler " << c.kind);
   }
@@ -190,7 +200,7 @@ TEST_CASE("LR schedulers give Python's lrs, states and skips", "[.][lr_scheduler
   if (path == nullptr) FAIL("LOOM_LR_SCHEDULER_PARITY_FILE is not set");
   int64_t steps = 0, resume = 0;
   const auto cases = read_fixture(path, steps, resume);
-  REQUIRE(cases.size() == 9);
+  REQUIRE(cases.size() == 11);
   for (const auto& c : cases) {
     SECTION(c.name) {
       // 1. Uninterrupted, with the skip mask as step results; loom's state at `resume` saved
@@ -298,6 +308,16 @@ TEST_CASE("LR schedulers reject bad settings and states with clear errors", "[lr
   CHECK_THROWS_WITH(loom::optim::StepLR(*s.opt, 0), Contains("step_size must be positive"));
   CHECK_THROWS_WITH(loom::optim::PolynomialLR(*s.opt, 0),
                     Equals("loom::optim::PolynomialLR: total_iters must be positive"));
+  CHECK_THROWS_WITH(
+      loom::optim::CosineAnnealingWarmRestarts(*s.opt, 0),
+      Equals("loom::optim::CosineAnnealingWarmRestarts: Expected positive integer T_0, but got 0"));
+  CHECK_THROWS_WITH(loom::optim::CosineAnnealingWarmRestarts(*s.opt, 3, 0),
+                    Equals("loom::optim::CosineAnnealingWarmRestarts: Expected integer T_mult >= "
+                           "1, but got 0"));
+  CHECK_THROWS_WITH(
+      loom::optim::LambdaLR(
+          *s.opt, std::vector<loom::optim::LambdaLR::Lambda>{[](int64_t) { return 1.0; }}),
+      Equals("loom::optim::LambdaLR: Expected 2 lr_lambdas, but got 1"));
   CHECK_THROWS_WITH(loom::optim::LinearLR(*s.opt, 0.0),
                     Contains("Starting multiplicative factor expected to be greater than 0"));
   CHECK_THROWS_WITH(loom::optim::WarmupCosineLR(*s.opt, {.warmup_steps = 10, .total_steps = 10}),
