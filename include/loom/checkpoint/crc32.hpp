@@ -65,6 +65,18 @@ const char* crc32_implementation();
 /// Reads `n` bytes at `offset` of the file (fewer at its end).
 using RangeReader = std::function<std::string(uint64_t offset, std::size_t n)>;
 
+/// The little-endian integers of a zip's headers, at byte `at` of `s`.
+inline uint32_t u16(const std::string& s, std::size_t at) {
+  return static_cast<uint32_t>(static_cast<unsigned char>(s[at])) |
+         static_cast<uint32_t>(static_cast<unsigned char>(s[at + 1])) << 8;
+}
+inline uint32_t u32(const std::string& s, std::size_t at) {
+  return u16(s, at) | u16(s, at + 2) << 16;
+}
+inline uint64_t u64(const std::string& s, std::size_t at) {
+  return static_cast<uint64_t>(u32(s, at)) | static_cast<uint64_t>(u32(s, at + 4)) << 32;
+}
+
 /// One record of a zip, as its central directory describes it.
 struct ZipEntry {
   std::string name;    ///< without the archive's "<name>/" prefix (what PyTorchStreamReader takes)
@@ -80,16 +92,6 @@ inline std::vector<ZipEntry> zip_entries(const RangeReader& read, uint64_t size,
                                          const std::string& what) {
   auto bad = [&](const char* why) {
     return Error("loom::checkpoint: " + what + ": the zip's central directory " + why);
-  };
-  auto u16 = [](const std::string& s, std::size_t at) {
-    return static_cast<uint32_t>(static_cast<unsigned char>(s[at])) |
-           static_cast<uint32_t>(static_cast<unsigned char>(s[at + 1])) << 8;
-  };
-  auto u32 = [&](const std::string& s, std::size_t at) {
-    return u16(s, at) | u16(s, at + 2) << 16;
-  };
-  auto u64 = [&](const std::string& s, std::size_t at) {
-    return static_cast<uint64_t>(u32(s, at)) | static_cast<uint64_t>(u32(s, at + 4)) << 32;
   };
   // The end-of-central-directory record: the last 22 bytes, or up to 64 KiB earlier.
   const uint64_t tail_n = std::min<uint64_t>(size, 22 + 65535);
@@ -183,11 +185,6 @@ using Patcher = std::function<void(uint64_t offset, uint32_t value)>;
 inline void put_zip_crcs(const RangeReader& read, const Patcher& put, uint64_t size,
                          const std::unordered_map<std::string, uint32_t>& known,
                          const std::string& what) {
-  auto u32 = [](const std::string& s, std::size_t at) {
-    uint32_t v;
-    std::memcpy(&v, s.data() + at, 4);
-    return v;  // little-endian host (io.hpp asserts it)
-  };
   auto bad = [&](const ZipEntry& e, const char* why) {
     return Error("loom::checkpoint: writing " + what + ": the record " + e.name + " " + why);
   };
@@ -196,7 +193,7 @@ inline void put_zip_crcs(const RangeReader& read, const Patcher& put, uint64_t s
     if (local.size() != 30 || u32(local, 0) != 0x04034b50u) {
       throw bad(e, "has no local header where the central directory says");
     }
-    const uint64_t data_at = e.local_at + 30 + (u32(local, 26) & 0xffffu) + (u32(local, 26) >> 16);
+    const uint64_t data_at = e.local_at + 30 + u16(local, 26) + u16(local, 28);
     if (data_at > size || e.size > size - data_at) throw bad(e, "does not fit the file");
     uint32_t crc;
     if (auto it = known.find(e.name); it != known.end()) {

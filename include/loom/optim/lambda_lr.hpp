@@ -26,11 +26,8 @@ class LambdaLR : public detail::PythonScheduler<LambdaLR> {
   static constexpr const char* python_name = "LambdaLR";
   using Lambda = std::function<double(int64_t)>;
 
-  LambdaLR(torch::optim::Optimizer& opt, Lambda lr_lambda) : PythonScheduler(opt) {
-    if (!lr_lambda) throw Error("loom::optim::LambdaLR: lr_lambda is empty");
-    lambdas_.assign(opt.param_groups().size(), std::move(lr_lambda));
-    initial_step();
-  }
+  LambdaLR(torch::optim::Optimizer& opt, Lambda lr_lambda)
+      : LambdaLR(opt, std::vector<Lambda>(opt.param_groups().size(), std::move(lr_lambda))) {}
   LambdaLR(torch::optim::Optimizer& opt, std::vector<Lambda> lr_lambdas)
       : PythonScheduler(opt), lambdas_(std::move(lr_lambdas)) {
     if (lambdas_.size() != opt.param_groups().size()) {
