@@ -5,8 +5,9 @@
 
 Writing: for every case, a Python scheduler over two param groups steps STEPS times; a step is
 applied or skipped by a fixed random mask, and scheduler.step() runs only after applied steps
-(what loom's step(StepResult) does). The fixture holds each case's settings, the mask and the
-lr (and momentum) of every group after every step, as exact hex floats; and after RESUME steps
+(what loom's step(StepResult) does; ReduceLROnPlateau steps with the case's metric where the
+mask is 1). The fixture holds each case's settings, the mask, the metrics and the lr (and
+momentum) of every group after every step, as exact hex floats; and after RESUME steps
 Python's state_dict goes to FIXTURE.<case>.py.pt (torch.save), for loom to resume from.
 
 Checking: loom wrote its state_dict after RESUME steps to FIXTURE.<case>.cpp.pt (pickle_save).
@@ -42,6 +43,14 @@ CASES = [
     ("polynomial", "sgd", "PolynomialLR", dict(total_iters=25, power=1.7)),
     ("warm_restarts", "sgd", "CosineAnnealingWarmRestarts", dict(T_0=7, T_mult=2, eta_min=0.002)),
     ("lambda", "adam", "LambdaLR", dict(factor=0.97)),  # lr_lambda: factor ** position
+    # ChainedScheduler([LinearLR(start_factor, end_factor, total_iters), ExponentialLR(gamma)])
+    ("chained", "sgd", "ChainedScheduler",
+     dict(start_factor=0.2, end_factor=1.0, total_iters=12, gamma=0.95)),
+    # stepped with the case's metric where the mask says an evaluation happened
+    ("plateau_min", "sgd", "ReduceLROnPlateau",
+     dict(mode="min", factor=0.5, patience=3, threshold=0.01, cooldown=2, min_lr=[0.01, 0.004])),
+    ("plateau_max_abs", "adam", "ReduceLROnPlateau",
+     dict(mode="max", factor=0.7, patience=2, threshold=0.005, threshold_mode="abs", eps=1e-3)),
 ]
 
 
@@ -58,6 +67,11 @@ def make(opt_name, sched, settings):
         return opt, L.SequentialLR(opt, [
             L.LinearLR(opt, start_factor=s["warmup_start_factor"], end_factor=1.0, total_iters=w),
             L.CosineAnnealingLR(opt, T_max=t - w, eta_min=s["eta_min"])], milestones=[w])
+    if sched == "ChainedScheduler":
+        return opt, L.ChainedScheduler([
+            L.LinearLR(opt, start_factor=s["start_factor"], end_factor=s["end_factor"],
+                       total_iters=s["total_iters"]),
+            L.ExponentialLR(opt, gamma=s["gamma"])])
     if sched == "LambdaLR":
         factor = s["factor"]
         return opt, L.LambdaLR(opt, lambda e: factor ** e)
@@ -83,8 +97,9 @@ def word(v):
 
 
 def listed(key, value):
-    """max_lr and milestones go to the fixture as lists, a lone value as a list of one."""
-    return [value] if key in ("max_lr", "milestones") and not isinstance(value, list) else value
+    """max_lr, milestones and min_lr go to the fixture as lists, a lone value as a list of one."""
+    lists = ("max_lr", "milestones", "min_lr")
+    return [value] if key in lists and not isinstance(value, list) else value
 
 
 def plain(state):
@@ -104,14 +119,23 @@ def mask_of(n):
     return [0 if rnd.random() < 0.2 else 1 for _ in range(STEPS)]
 
 
+def metrics_of(n, settings):
+    """A validation metric per step that improves in jumps, with noise (ReduceLROnPlateau)."""
+    rnd = random.Random(4321 + n)
+    sign = -1.0 if settings.get("mode") == "max" else 1.0
+    return [sign * (1.0 / (1 + i // 9) + 0.02 * rnd.random()) for i in range(STEPS)]
+
+
 def run(case, n, upto=STEPS, start=0, sched=None, opt=None):
     name, opt_name, kind, settings = case
     if sched is None:
         opt, sched = make(opt_name, kind, settings)
-    mask = mask_of(n)
+    mask, metrics = mask_of(n), metrics_of(n, settings)
     rows, state = [], None
     for i in range(start, upto):
-        if mask[i]:
+        if mask[i] and kind == "ReduceLROnPlateau":
+            sched.step(metrics[i])
+        elif mask[i]:
             sched.step()
         rows.append(([g["lr"] for g in opt.param_groups], momenta(opt)))
         if i + 1 == RESUME:
@@ -132,6 +156,7 @@ def write(path):
                    hexes(momenta(opt)))
         _, _, rows, state = run(case, n)
         out.append("mask " + " ".join(map(str, mask_of(n))))
+        out.append("metrics " + hexes(metrics_of(n, settings)))
         for lrs, ms in rows:
             out.append("row " + hexes(lrs) + " " + hexes(ms))
         torch.save(plain(state), f"{path}.{name}.py.pt")

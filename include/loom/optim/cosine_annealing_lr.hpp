@@ -22,6 +22,8 @@ namespace loom::optim {
 class CosineAnnealingLR : public detail::PythonScheduler<CosineAnnealingLR> {
  public:
   static constexpr const char* python_name = "CosineAnnealingLR";
+  /// Its lrs follow from the groups\' current lrs: it may follow others in a ChainedScheduler.
+  static constexpr bool chainable = true;
 
   CosineAnnealingLR(torch::optim::Optimizer& opt, int64_t t_max, double eta_min = 0.0,
                     std::optional<std::vector<double>> initial_lrs = std::nullopt)

@@ -16,6 +16,8 @@ namespace loom::optim {
 class ExponentialLR : public detail::PythonScheduler<ExponentialLR> {
  public:
   static constexpr const char* python_name = "ExponentialLR";
+  /// Its lrs follow from the groups\' current lrs: it may follow others in a ChainedScheduler.
+  static constexpr bool chainable = true;
 
   ExponentialLR(torch::optim::Optimizer& opt, double gamma) : PythonScheduler(opt), gamma_(gamma) {
     initial_step();

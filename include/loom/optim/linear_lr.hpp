@@ -19,6 +19,8 @@ namespace loom::optim {
 class LinearLR : public detail::PythonScheduler<LinearLR> {
  public:
   static constexpr const char* python_name = "LinearLR";
+  /// Its lrs follow from the groups\' current lrs: it may follow others in a ChainedScheduler.
+  static constexpr bool chainable = true;
 
   LinearLR(torch::optim::Optimizer& opt, double start_factor = 1.0 / 3, double end_factor = 1.0,
            int64_t total_iters = 5, std::optional<std::vector<double>> initial_lrs = std::nullopt)

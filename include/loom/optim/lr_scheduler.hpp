@@ -1,9 +1,11 @@
 #pragma once
 // loom::optim learning-rate schedulers, all of them: StepLR, MultiStepLR, LinearLR,
 // ExponentialLR, PolynomialLR, LambdaLR, CosineAnnealingLR, CosineAnnealingWarmRestarts,
-// WarmupCosineLR (linear warm-up, then cosine annealing) and OneCycleLR.
+// WarmupCosineLR (linear warm-up, then cosine annealing), OneCycleLR, ChainedScheduler and
+// ReduceLROnPlateau.
 // Each has its own header; their base is optim/lr_scheduler_base.hpp (docs/optim.md,
 // "Learning-rate schedulers").
+#include <loom/optim/chained_scheduler.hpp>
 #include <loom/optim/cosine_annealing_lr.hpp>
 #include <loom/optim/cosine_annealing_warm_restarts.hpp>
 #include <loom/optim/exponential_lr.hpp>
@@ -13,5 +15,6 @@
 #include <loom/optim/multi_step_lr.hpp>
 #include <loom/optim/one_cycle_lr.hpp>
 #include <loom/optim/polynomial_lr.hpp>
+#include <loom/optim/reduce_lr_on_plateau.hpp>
 #include <loom/optim/step_lr.hpp>
 #include <loom/optim/warmup_cosine_lr.hpp>

@@ -4,7 +4,8 @@
 // SchedulerState (state::Dict). Their load_state_dict reads with state::Reader. Each scheduler has
 // its own header (step_lr.hpp, multi_step_lr.hpp, linear_lr.hpp, exponential_lr.hpp,
 // polynomial_lr.hpp, lambda_lr.hpp, cosine_annealing_lr.hpp, cosine_annealing_warm_restarts.hpp,
-// warmup_cosine_lr.hpp, one_cycle_lr.hpp); lr_scheduler.hpp includes them all.
+// warmup_cosine_lr.hpp, one_cycle_lr.hpp, chained_scheduler.hpp, reduce_lr_on_plateau.hpp);
+// lr_scheduler.hpp includes them all.
 //
 // Each gives the learning rates of Python's torch.optim.lr_scheduler class of the same name
 // step for step (the same double arithmetic, in the same order), has a state_dict in Python's
@@ -254,6 +255,10 @@ class PythonScheduler : public LRScheduler<Derived> {
     is_initial_ = false;
   }
   void undo_epoch() noexcept { --last_epoch_; }
+  /// Takes `base` as base_lrs: Python's group["initial_lr"], which the first scheduler made on
+  /// an optimizer sets and every later one reads (ChainedScheduler gives the first one's to
+  /// the others).
+  void adopt_base_lrs(const std::vector<double>& base) { base_lrs_ = base; }
 
   SchedulerState save_state() const {
     SchedulerState s = detail::new_state();

@@ -21,6 +21,8 @@ namespace loom::optim {
 class MultiStepLR : public detail::PythonScheduler<MultiStepLR> {
  public:
   static constexpr const char* python_name = "MultiStepLR";
+  /// Its lrs follow from the groups\' current lrs: it may follow others in a ChainedScheduler.
+  static constexpr bool chainable = true;
 
   MultiStepLR(torch::optim::Optimizer& opt, const std::vector<int64_t>& milestones,
               double gamma = 0.1)

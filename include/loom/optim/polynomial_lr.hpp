@@ -20,6 +20,8 @@ namespace loom::optim {
 class PolynomialLR : public detail::PythonScheduler<PolynomialLR> {
  public:
   static constexpr const char* python_name = "PolynomialLR";
+  /// Its lrs follow from the groups\' current lrs: it may follow others in a ChainedScheduler.
+  static constexpr bool chainable = true;
 
   explicit PolynomialLR(torch::optim::Optimizer& opt, int64_t total_iters = 5, double power = 1.0)
       : PythonScheduler(opt), total_iters_(total_iters), power_(power) {

@@ -17,6 +17,8 @@ namespace loom::optim {
 class StepLR : public detail::PythonScheduler<StepLR> {
  public:
   static constexpr const char* python_name = "StepLR";
+  /// Its lrs follow from the groups\' current lrs: it may follow others in a ChainedScheduler.
+  static constexpr bool chainable = true;
 
   StepLR(torch::optim::Optimizer& opt, int64_t step_size, double gamma = 0.1)
       : PythonScheduler(opt), step_size_(step_size), gamma_(gamma) {

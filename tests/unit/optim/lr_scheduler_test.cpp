@@ -10,9 +10,11 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -36,6 +38,7 @@ struct Case {
   Settings settings;
   std::vector<double> initial_lr, initial_momentum;
   std::vector<int> mask;
+  std::vector<double> metrics;                    // ReduceLROnPlateau's, where the mask is 1
   std::vector<std::vector<double>> lrs, momenta;  // after every step
 };
 
@@ -118,6 +121,23 @@ void with_scheduler(const Case& c, torch::optim::Optimizer& opt, F&& f) {
     loom::optim::CosineAnnealingWarmRestarts sched(opt, integer("T_0"), integer("T_mult"),
                                                    num("eta_min"));
     f(sched);
+  } else if (c.kind == "ChainedScheduler") {
+    loom::optim::LinearLR warm(opt, num("start_factor"), num("end_factor"), integer("total_iters"));
+    loom::optim::ExponentialLR decay(opt, num("gamma"));
+    loom::optim::ChainedScheduler sched(warm, decay);
+    f(sched);
+  } else if (c.kind == "ReduceLROnPlateau") {
+    loom::optim::ReduceLROnPlateauOptions o;
+    if (s.count("mode")) o.mode = s.at("mode").at(0);
+    if (s.count("factor")) o.factor = num("factor");
+    if (s.count("patience")) o.patience = integer("patience");
+    if (s.count("threshold")) o.threshold = num("threshold");
+    if (s.count("threshold_mode")) o.threshold_mode = s.at("threshold_mode").at(0);
+    if (s.count("cooldown")) o.cooldown = integer("cooldown");
+    if (s.count("min_lr")) o.min_lrs = list(s, "min_lr");
+    if (s.count("eps")) o.eps = num("eps");
+    loom::optim::ReduceLROnPlateau sched(opt, o);
+    f(sched);
   } else if (c.kind == "LambdaLR") {
     const double factor = num("factor");  // Python's lambda e: factor ** e
     loom::optim::LambdaLR sched(
@@ -125,6 +145,20 @@ void with_scheduler(const Case& c, torch::optim::Optimizer& opt, F&& f) {
     f(sched);
   } else {
     FAIL("unknown scheduler " << c.kind);
+  }
+}
+
+template <class S>
+constexpr bool is_plateau = std::is_same_v<std::decay_t<S>, loom::optim::ReduceLROnPlateau>;
+
+// Step i of case c: the step result of the mask, or, for ReduceLROnPlateau, the metric where
+// the mask is 1 (an evaluation), nothing where it is 0.
+template <class S>
+void step(S& sched, const Case& c, int64_t i) {
+  if constexpr (is_plateau<S>) {
+    if (c.mask[i] != 0) sched.step(c.metrics[i]);
+  } else {
+    sched.step(loom::StepResult(c.mask[i] != 0));
   }
 }
 
@@ -167,7 +201,8 @@ std::vector<Case> read_fixture(const std::string& path, int64_t& steps, int64_t&
       auto key = in.word();
       auto first = in.word();
       std::vector<std::string> v{first};
-      if (key == "milestones" || key == "max_lr") {  // lists: a count, then the values
+      if (key == "milestones" || key == "max_lr" ||
+          key == "min_lr") {  // lists: a count, then the values
         for (int64_t e = 0; e < std::stoll(first); ++e) v.push_back(in.word());
       }
       c.settings[key] = v;
@@ -177,6 +212,8 @@ std::vector<Case> read_fixture(const std::string& path, int64_t& steps, int64_t&
     c.initial_momentum = in.numbers(2);
     in.expect("mask");
     for (int64_t i = 0; i < steps; ++i) c.mask.push_back(static_cast<int>(in.integer()));
+    in.expect("metrics");
+    c.metrics = in.numbers(static_cast<std::size_t>(steps));
     for (int64_t i = 0; i < steps; ++i) {
       in.expect("row");
       c.lrs.push_back(in.numbers(2));
@@ -200,7 +237,7 @@ TEST_CASE("LR schedulers give Python's lrs, states and skips", "[.][lr_scheduler
   if (path == nullptr) FAIL("LOOM_LR_SCHEDULER_PARITY_FILE is not set");
   int64_t steps = 0, resume = 0;
   const auto cases = read_fixture(path, steps, resume);
-  REQUIRE(cases.size() == 11);
+  REQUIRE(cases.size() == 14);
   for (const auto& c : cases) {
     SECTION(c.name) {
       // 1. Uninterrupted, with the skip mask as step results; loom's state at `resume` saved
@@ -210,7 +247,7 @@ TEST_CASE("LR schedulers give Python's lrs, states and skips", "[.][lr_scheduler
         same(loom::optim::detail::group_lrs(*opt), c.initial_lr, c.name + " initial lr");
         same(group_momenta(*opt), c.initial_momentum, c.name + " initial momentum");
         for (int64_t i = 0; i < steps; ++i) {
-          sched.step(loom::StepResult(c.mask[i] != 0));
+          step(sched, c, i);
           const auto now = loom::optim::detail::group_lrs(*opt);
           same(now, c.lrs[i], c.name + " lr after step " + std::to_string(i + 1));
           same(sched.get_last_lr(), c.lrs[i], c.name + " get_last_lr");
@@ -227,12 +264,16 @@ TEST_CASE("LR schedulers give Python's lrs, states and skips", "[.][lr_scheduler
       // 2. The same mask as device-side flags on the CPU: the same lrs, no host read.
       auto opt2 = make_optimizer(c.optimizer, params());
       with_scheduler(c, *opt2, [&](auto& sched) {
-        std::vector<at::Tensor> flags;
-        for (int64_t i = 0; i < steps; ++i) flags.push_back(at::full({}, c.mask[i] ? 0.0f : 1.0f));
-        SyncCounter counter;
-        for (int64_t i = 0; i < steps; ++i) sched.step(loom::StepResult(flags[i]));
-        CHECK(SyncCounter::count() == 0);
-        same(loom::optim::detail::group_lrs(*opt2), c.lrs.back(), c.name + " flags on the CPU");
+        if constexpr (!is_plateau<decltype(sched)>) {  // ReduceLROnPlateau steps on metrics
+          std::vector<at::Tensor> flags;
+          for (int64_t i = 0; i < steps; ++i) {
+            flags.push_back(at::full({}, c.mask[i] ? 0.0f : 1.0f));
+          }
+          SyncCounter counter;
+          for (int64_t i = 0; i < steps; ++i) sched.step(loom::StepResult(flags[i]));
+          CHECK(SyncCounter::count() == 0);
+          same(loom::optim::detail::group_lrs(*opt2), c.lrs.back(), c.name + " flags on the CPU");
+        }
       });
 
       // 3. Resumed from Python's state dict after `resume` steps (the optimizer's lrs and
@@ -244,7 +285,7 @@ TEST_CASE("LR schedulers give Python's lrs, states and skips", "[.][lr_scheduler
         loom::optim::detail::GroupHypers{c.lrs[resume - 1], c.momenta[resume - 1]}.restore(*opt3);
         same(sched.get_last_lr(), c.lrs[resume - 1], c.name + " get_last_lr after loading");
         for (int64_t i = resume; i < steps; ++i) {
-          sched.step(loom::StepResult(c.mask[i] != 0));
+          step(sched, c, i);
           same(loom::optim::detail::group_lrs(*opt3), c.lrs[i],
                c.name + " resumed, lr after step " + std::to_string(i + 1));
           same(group_momenta(*opt3), c.momenta[i], c.name + " resumed, momentum");
@@ -358,4 +399,77 @@ TEST_CASE("LR schedulers reject bad settings and states with clear errors", "[lr
                     Equals("loom::optim::StepLR::load_state_dict: expected a dict, got an int"));
   CHECK_THROWS_WITH(step.step(loom::StepResult(at::zeros({2}))),
                     Contains("found_inf must be one f32 element"));
+}
+
+TEST_CASE("ReduceLROnPlateau lowers the lr after patience, cools down and takes tensors",
+          "[lr_scheduler]") {
+  Sgd s;
+  loom::optim::ReduceLROnPlateau sched(*s.opt, {.factor = 0.5, .patience = 1, .cooldown = 1});
+  CHECK(std::isinf(sched.best()));
+  sched.step(1.0);                 // the best
+  sched.step(at::full({}, 1.0f));  // one bad epoch: within patience
+  CHECK(sched.num_bad_epochs() == 1);
+  CHECK(sched.get_last_lr() == std::vector<double>{0.1, 0.05});
+  sched.step(2.0);  // two: halved, cooldown starts
+  CHECK(sched.get_last_lr() == std::vector<double>{0.05, 0.025});
+  CHECK(sched.in_cooldown());
+  sched.step(3.0);  // in cooldown: not counted
+  CHECK(sched.num_bad_epochs() == 0);
+  CHECK(sched.last_epoch() == 4);
+  auto state = sched.state_dict();
+  CHECK(state.at("default_min_lr").toInt() == 0);  // Python's default, an int
+  CHECK(state.at("mode_worse").toDouble() == std::numeric_limits<double>::infinity());
+
+  Sgd t;
+  loom::optim::ReduceLROnPlateau other(*t.opt, {.mode = "max"});
+  other.load_state_dict(state);  // the settings come with the state, as in Python
+  CHECK(other.last_epoch() == 4);
+  other.step(4.0);
+  other.step(5.0);  // two bad epochs in min mode, patience 1
+  CHECK(t.opt->param_groups()[0].options().get_lr() == 0.05);
+
+  using Catch::Matchers::Equals;
+  CHECK_THROWS_WITH(loom::optim::ReduceLROnPlateau(*s.opt, {.factor = 1.0}),
+                    Equals("loom::optim::ReduceLROnPlateau: Factor should be < 1.0."));
+  CHECK_THROWS_WITH(loom::optim::ReduceLROnPlateau(*s.opt, {.mode = "least"}),
+                    Equals("loom::optim::ReduceLROnPlateau: mode least is unknown!"));
+  CHECK_THROWS_WITH(loom::optim::ReduceLROnPlateau(*s.opt, {.threshold_mode = "pct"}),
+                    Equals("loom::optim::ReduceLROnPlateau: threshold mode pct is unknown!"));
+  CHECK_THROWS_WITH(loom::optim::ReduceLROnPlateau(*s.opt, {.min_lrs = {0.1}}),
+                    Equals("loom::optim::ReduceLROnPlateau: expected 2 min_lrs, got 1"));
+  CHECK_THROWS_WITH(sched.step(at::zeros({2})),
+                    Equals("loom::optim::ReduceLROnPlateau: a metric tensor must hold one "
+                           "element, got 2"));
+  state.insert_or_assign("mode", std::string("up"));
+  CHECK_THROWS_WITH(other.load_state_dict(state),
+                    Equals("loom::optim::ReduceLROnPlateau: mode up is unknown!"));
+  CHECK(other.last_epoch() == 6);  // a refused state changes nothing
+}
+
+TEST_CASE("ChainedScheduler steps its schedulers in order, once per applied step",
+          "[lr_scheduler]") {
+  Sgd s;
+  loom::optim::StepLR halve(*s.opt, 1, 0.5);
+  loom::optim::ExponentialLR decay(*s.opt, 0.1);
+  loom::optim::ChainedScheduler sched(halve, decay);
+  sched.step(loom::StepResult(at::full({}, 1.0f)));  // skipped: nothing moves
+  CHECK(sched.get_last_lr() == std::vector<double>{0.1, 0.05});
+  sched.step(loom::StepResult(at::full({}, 0.0f)));
+  CHECK(sched.get_last_lr()[0] == 0.1 * 0.5 * 0.1);
+  CHECK(halve.last_epoch() == 1);
+  CHECK(decay.last_epoch() == 1);
+  auto state = sched.state_dict();
+  CHECK(state.at("_schedulers").toList().size() == 2);
+
+  Sgd t;
+  loom::optim::StepLR other(*t.opt, 1, 0.5);
+  loom::optim::ChainedScheduler one(other);
+  CHECK_THROWS_WITH(one.load_state_dict(state),
+                    Catch::Matchers::Equals("loom::optim::ChainedScheduler::load_state_dict: key "
+                                            "\"_schedulers\": holds 2 states for 1 schedulers"));
+  loom::optim::ExponentialLR foreign(*t.opt, 0.9);
+  CHECK_THROWS_WITH(loom::optim::ChainedScheduler(halve, foreign),
+                    Catch::Matchers::Contains("expects all schedulers to belong to the same "
+                                              "optimizer, but got scheduler ExponentialLR at "
+                                              "index 1"));
 }
