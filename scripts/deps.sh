@@ -2,9 +2,11 @@
 # Installs what loom needs and is missing; safe to run again (each step checks first).
 #   OS packages: cmake, ninja, g++, clang-14 (the second compiler), clang-format, ccache,
 #                Catch2 2.x, Boost 1.81 (Hana), CLI11 (the examples' command lines), Google
-#                Benchmark, Doxygen (the API reference), Fashion-MNIST (the quick-start example).
+#                Benchmark, Doxygen (the API reference), Fashion-MNIST (the quick-start example),
+#                libdeflate (checkpoint CRC-32s), Protobuf (TensorBoard event files).
 #   Python:      a virtual environment with the pinned torch wheel, outside the repository,
-#                at $LOOM_VENV (default $LOOM_HOME/torch-<version>, LOOM_HOME=$HOME/.cache/loom).
+#                at $LOOM_VENV (default $LOOM_HOME/torch-<version>, LOOM_HOME=$HOME/.cache/loom),
+#                and the pinned tensorboard, which the logger tests read event files with.
 # Prints the virtual environment's path on its last line.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -17,6 +19,7 @@ log() { echo "[loom deps] $*" >&2; }
 
 os_packages=(cmake ninja-build g++ clang-14 libclang-rt-14-dev clang-format-14 ccache gzip python3-venv
              catch2 libboost1.81-dev libcli11-dev libgloo-dev libbenchmark-dev libdeflate-dev doxygen
+             libprotobuf-dev protobuf-compiler
              dataset-fashion-mnist)
 missing=()
 for p in "${os_packages[@]}"; do
@@ -46,5 +49,12 @@ if [ "$have" != "$want" ]; then
   "$LOOM_VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==$want" numpy
 else
   log "torch $have present in $LOOM_VENV"
+fi
+tb=$("$LOOM_VENV/bin/python" -c 'import tensorboard, sys; sys.stdout.write(tensorboard.__version__)' \
+       2>/dev/null || true)
+if [ "$tb" != "$LOOM_TENSORBOARD_VERSION" ]; then
+  log "installing tensorboard==$LOOM_TENSORBOARD_VERSION into $LOOM_VENV (the logger tests' reader)"
+  "$LOOM_VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    "tensorboard==$LOOM_TENSORBOARD_VERSION"
 fi
 echo "$LOOM_VENV"

@@ -1,7 +1,8 @@
 // What each precision costs on the CPU, for a small ConvNet and, for comparison, an MLP:
 // training steps per second through loom::with_runtime("cpu", name, ...) for every precision
 // that runs on a CPU, and the same steps written by hand in plain LibTorch (at::autocast set by
-// hand for the mixed ones), to show whether a slow precision is loom's doing or LibTorch's.
+// hand for the mixed ones), to show whether a slow precision is loom's doing or LibTorch's;
+// and 32-true and bf16-mixed again under loom::DeterministicMode, its cost.
 //
 //   loom_bench_conv_cpu [--model conv|mlp] [--rounds 3] [--seconds 1.0] [--threads 1]
 //
@@ -26,6 +27,7 @@
 #include <ctime>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -41,6 +43,7 @@
 #include <torch/optim/adam.h>
 #include <torch/utils.h>
 
+#include <loom/deterministic.hpp>
 #include <loom/loom.hpp>
 
 #include "../common/hand_step.hpp"
@@ -231,16 +234,19 @@ int main(int argc, char** argv) {
     std::vector<double> rates;   // samples/s (wall time), one per round
     std::vector<double> cpu_ms;  // the thread's CPU time per step, one per round
     double loss = 0;
-    int64_t next = 0;  // the next batch: every variant sees the same sequence
+    int64_t next = 0;            // the next batch: every variant sees the same sequence
+    bool deterministic = false;  // runs under loom::DeterministicMode
   };
   const std::string hand = "LibTorch by hand";
   std::vector<Variant> v;
-  auto add = [&](std::string precision, std::string how, Step step) {
-    v.push_back({std::move(precision), std::move(how), std::move(step), {}, {}, 0.0, 0});
+  auto add = [&](std::string precision, std::string how, Step step, bool det = false) {
+    v.push_back({std::move(precision), std::move(how), std::move(step), {}, {}, 0.0, 0, det});
   };
   add("32-true", "loom", loom_step("32-true", a, d));
   add("32-true", hand, hand_true_step(a, d, at::kFloat));
+  add("32-true", "loom, deterministic mode", loom_step("32-true", a, d), true);
   add("bf16-mixed", "loom", loom_step("bf16-mixed", a, d));
+  add("bf16-mixed", "loom, deterministic mode", loom_step("bf16-mixed", a, d), true);
   add("bf16-mixed", hand, hand_mixed_step(a, d, at::kBFloat16));
   add("16-mixed", "loom", loom_step("16-mixed", a, d));
   add("16-mixed", hand, hand_mixed_step(a, d, at::kHalf));
@@ -250,10 +256,14 @@ int main(int argc, char** argv) {
 
   // Rounds interleave the variants, so that a change in the machine's load hits all of them.
   for (auto& x : v) {
+    std::optional<loom::DeterministicMode> det;
+    if (x.deterministic) det.emplace();
     for (int w = 0; w < 2; ++w) x.loss = x.step(x.next++ % kBatches);
   }
   for (int r = 0; r < a.rounds; ++r) {
     for (auto& x : v) {
+      std::optional<loom::DeterministicMode> det;
+      if (x.deterministic) det.emplace();
       const auto t0 = clock::now();
       const double c0 = thread_cpu_s();
       int64_t steps = 0;

@@ -3,7 +3,7 @@
 //   quickstart --data build/data/fashion-mnist [--device cpu] [--precision 32-true]
 //              [--epochs 1] [--max-steps N] [--batch-size 64] [--lr 1e-3]
 //              [--warmup-steps N]
-//              [--metrics metrics.csv [--log-every 10]]
+//              [--metrics metrics.csv [--log-every 10]] [--log-dir DIR]
 //              [--checkpoint-dir DIR [--checkpoint-every 100] [--keep 3] [--async-save]]
 //
 // --device and --precision take Composer's and Lightning's names ("cuda", "bf16-mixed", ...):
@@ -14,6 +14,10 @@
 // --warmup-steps N > 0 schedules the lr: N steps of linear warm-up, then cosine annealing to 0
 // at the last step (loom::optim::WarmupCosineLR, which only counts the steps that applied).
 // --metrics writes a CSV (step,loss,lr,samples_per_s) that scripts/plot_metrics.py plots.
+// --log-dir DIR logs through the runtime (rt.log, loom::CsvLogger): the loss every step (read
+// once per flush), the lr, loom::SpeedMonitor's throughput and loom::MemoryMonitor's memory
+// under Composer's names, in DIR/quickstart/version_N/metrics.csv (Lightning's layout), with
+// the run's hyper-parameters in hparams.yaml.
 // --checkpoint-dir DIR saves the whole training state (model, optimizer, the runtime's RNG and
 // GradScaler, the lr schedule, the sampler's position, the step) to DIR/step-N.pt every
 // --checkpoint-every steps, atomically, keeping the newest --keep (loom::Checkpoints), and the
@@ -51,8 +55,8 @@
 #include <loom/loom.hpp>
 #include <loom/state/checkpoints.hpp>
 
+#include <loom/loggers/progress_bar.hpp>
 #include "common/checkpoint_flags.hpp"
-#include "common/progress.hpp"
 
 namespace {
 
@@ -67,6 +71,7 @@ struct Options {
   int64_t warmup_steps = 0;  // 0: a constant lr
   std::string metrics;       // empty: no CSV
   int64_t log_every = 10;
+  std::string log_dir;  // empty: no loggers
   examples::CheckpointFlags checkpoints;
 };
 
@@ -176,6 +181,18 @@ double train_and_evaluate(RT& rt, const Options& o) {
     std::printf("lr schedule: warm-up over %lld steps from %g, then cosine to 0 at step %lld\n",
                 static_cast<long long>(o.warmup_steps), lr(), static_cast<long long>(total_steps));
   }
+  loom::SpeedMonitor speed({.window_size = 20});
+  loom::MemoryMonitor memory(rt.device().device());
+  if (!o.log_dir.empty()) {
+    auto csv =
+        std::make_shared<loom::CsvLogger>(o.log_dir, loom::LogDirOptions{.name = "quickstart"});
+    rt.add_logger(csv);
+    rt.log_hyperparams({{"precision", std::string(RT::precision_name())},
+                        {"batch_size", o.batch_size},
+                        {"lr", o.lr},
+                        {"warmup_steps", o.warmup_steps}});
+    std::printf("logging to %s\n", csv->metrics_file().string().c_str());
+  }
   int64_t step = 0;
   // What a checkpoint holds, by name; rt.save writes it, rt.load restores it in place.
   loom::State state{
@@ -191,7 +208,7 @@ double train_and_evaluate(RT& rt, const Options& o) {
   }
   loom::StopSignal stop;  // SIGTERM, SIGINT, SIGUSR1: save the step reached, then leave
   const int64_t start = step;
-  examples::Progress progress(total_steps - start);
+  loom::ProgressBar progress(total_steps - start);
   // --async-save: the periodic saves copy the state and write it in the background while
   // training goes on; the last save before leaving is synchronous (it waits for the one
   // before it, whose error, if any, every rank throws).
@@ -226,13 +243,21 @@ double train_and_evaluate(RT& rt, const Options& o) {
       }
       auto loss = torch::nn::functional::cross_entropy(logits, batch.target);  // () f32
       // item() waits for the device; a long run on a GPU would read it only every few steps.
-      double l = rt.backward(loss, model).template item<double>();
+      const at::Tensor detached = rt.backward(loss, model);
+      double l = detached.template item<double>();
+      rt.log("train/loss", detached, step);   // copied on the device, read at the next flush
       auto applied = rt.optimizer_step(opt);  // a StepResult: read only if someone asks
       if (schedule) schedule->step(applied);  // advances only if the step was applied
       opt.zero_grad();
       ++step;
       progress.step(batch.data.size(0), l);
       metrics.step(step, l, batch.data.size(0), lr());
+      auto monitored = speed.step(batch.data.size(0));
+      monitored.emplace_back("lr", lr());
+      if (step % 50 == 0) {
+        for (auto& m : memory.report()) monitored.push_back(std::move(m));
+      }
+      rt.log_dict(monitored, step - 1);  // the step's own index, as the loss above
       if (step % o.checkpoints.every == 0) save(o.checkpoints.async_save);
       if (stop.should_stop(rt)) {
         progress.finish();
@@ -291,6 +316,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--metrics", o.metrics, "write step,loss,lr,samples_per_s rows to this CSV");
   app.add_option("--log-every", o.log_every, "steps per metrics row")->check(CLI::PositiveNumber);
+  app.add_option("--log-dir", o.log_dir,
+                 "log the loss, lr, throughput and memory to DIR/quickstart/version_N/metrics.csv");
   o.checkpoints.add_to(app, "");
   CLI11_PARSE(app, argc, argv);
 

@@ -25,7 +25,7 @@
 
 #include <loom/loom.hpp>
 
-#include "common/progress.hpp"
+#include <loom/loggers/progress_bar.hpp>
 
 /// bf16 weights and inputs, fp32 outputs; no autocast, no loss scaling (bf16 has fp32's range).
 struct PureBf16 : loom::precision::Defaults<PureBf16> {
@@ -88,7 +88,7 @@ int train(RT& rt, const Options& o) {
               std::string(rt.device().name()).c_str(),
               c10::toString(model->parameters()[0].scalar_type()));
 
-  examples::Progress progress(o.steps, 10);
+  loom::ProgressBar progress(o.steps, 10);
   double first_loss = 0;
   for (int64_t step = 0; step < o.steps; ++step) {
     const int64_t start = step % n_batches * o.batch_size;

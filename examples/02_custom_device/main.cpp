@@ -29,7 +29,7 @@
 
 #include <loom/loom.hpp>
 
-#include "common/progress.hpp"
+#include <loom/loggers/progress_bar.hpp>
 
 /// What CountingCpu moved.
 struct MoveCounts {
@@ -125,7 +125,7 @@ int run(const Options& o) {
               at::get_num_threads());
 
   auto batches = make_batches(o.batches, o.batch_size);
-  examples::Progress progress(o.epochs * o.batches, 5);
+  loom::ProgressBar progress(o.epochs * o.batches, 5);
   double first_loss = 0;
   for (int epoch = 0; epoch < o.epochs; ++epoch) {
     // Any range of batches works as a source; each batch is moved as it is reached.

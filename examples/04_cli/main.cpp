@@ -25,7 +25,7 @@
 
 #include <loom/loom.hpp>
 
-#include "common/progress.hpp"
+#include <loom/loggers/progress_bar.hpp>
 
 namespace {
 
@@ -66,7 +66,7 @@ int train(RT& rt, const Options& o) {
   const double first_scale = rt.loss_scale();
   int64_t skipped = 0;
   double first_loss = 0;
-  examples::Progress progress(o.steps, 10);
+  loom::ProgressBar progress(o.steps, 10);
   for (int64_t step = 0; step < o.steps; ++step) {
     auto input = x.narrow(0, step * o.batch_size, o.batch_size);       // (B, 16) f32
     auto target = y.narrow(0, step * o.batch_size, o.batch_size);      // (B,) i64

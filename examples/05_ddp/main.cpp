@@ -47,8 +47,8 @@
 #include <loom/loom.hpp>
 #include <loom/state/checkpoints.hpp>
 
+#include <loom/loggers/progress_bar.hpp>
 #include "common/checkpoint_flags.hpp"
-#include "common/progress.hpp"
 
 namespace {
 
@@ -132,7 +132,7 @@ Outcome train_and_evaluate(RT& rt, const Options& o) {
   // SIGTERM, SIGINT, SIGUSR1 on any rank: every rank saves the same step, then leaves.
   loom::StopSignal stop;
   // The bar on rank 0 only; every rank runs the same number of steps (the sampler pads).
-  std::optional<examples::Progress> progress;
+  std::optional<loom::ProgressBar> progress;
   if (s.is_global_zero()) progress.emplace(total_steps - step);
   for (auto epoch = static_cast<int>(sampler.epoch()); epoch < o.epochs && step < total_steps;
        ++epoch) {

@@ -26,7 +26,7 @@
 
 #include <loom/loom.hpp>
 
-#include "common/progress.hpp"
+#include <loom/loggers/progress_bar.hpp>
 
 namespace {
 
@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     rt.setup(model, opt);
     auto loader = torch::data::make_data_loader(dataset(data, Mode::kTrain),
                                                 torch::data::DataLoaderOptions(64));
-    examples::Progress progress(max_steps);
+    loom::ProgressBar progress(max_steps);
     int64_t step = 0;
     for (auto& batch : rt.dataloader(*loader)) {
       if (step == max_steps) break;

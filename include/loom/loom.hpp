@@ -18,6 +18,7 @@
 #include <loom/concepts/scope_guard.hpp>
 #include <loom/concepts/strategy.hpp>
 #include <loom/data/distributed_sampler.hpp>
+#include <loom/deterministic.hpp>
 #include <loom/device/cpu.hpp>
 #include <loom/device/cuda.hpp>
 #include <loom/device/cuda_prefetch.hpp>
@@ -39,9 +40,16 @@
 #include <loom/fp8/scaled_mm.hpp>
 #include <loom/guards.hpp>
 #include <loom/is_default.hpp>
+#include <loom/loggers/csv_logger.hpp>
+#include <loom/loggers/logger.hpp>
+#include <loom/loggers/monitors.hpp>
+#include <loom/loggers/progress_bar.hpp>
+#include <loom/loggers/tensorboard_logger.hpp>
 #include <loom/optim/adam.hpp>
+#include <loom/optim/chained_scheduler.hpp>
 #include <loom/optim/cosine_annealing_lr.hpp>
 #include <loom/optim/cosine_annealing_warm_restarts.hpp>
+#include <loom/optim/ema.hpp>
 #include <loom/optim/exponential_lr.hpp>
 #include <loom/optim/fused.hpp>
 #include <loom/optim/lambda_lr.hpp>
@@ -54,6 +62,7 @@
 #include <loom/optim/optimizer_table.hpp>
 #include <loom/optim/optimizer_traits.hpp>
 #include <loom/optim/polynomial_lr.hpp>
+#include <loom/optim/reduce_lr_on_plateau.hpp>
 #include <loom/optim/sgd.hpp>
 #include <loom/optim/step_lr.hpp>
 #include <loom/optim/warmup_cosine_lr.hpp>

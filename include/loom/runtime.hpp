@@ -23,8 +23,12 @@
 //   save      rt.save(path, state): every rank builds the value (device states gathered),
 //             s.save_checkpoint(path, value, io): Ddp: rank 0 writes     state/, dist/
 //   load      v = s.load_checkpoint(path, io, d.device()); every entry loads in place
-//   teardown  p.teardown -> s.teardown -> d.teardown     after the last step    all three
+//   log       rt.log / log_dict / log_hyperparams -> the loggers (rank 0)    loggers/
+//   teardown  loggers flushed, p.teardown -> s.teardown -> d.teardown        all three
 #include <filesystem>
+#include <initializer_list>
+#include <memory>
+#include <string>
 #include <string_view>
 #include <tuple>
 #include <utility>
@@ -45,6 +49,7 @@
 #include <loom/detail/state_merge.hpp>
 #include <loom/dist/single_process.hpp>
 #include <loom/guards.hpp>
+#include <loom/loggers/logger.hpp>
 #include <loom/state/state_dict.hpp>
 #include <loom/step_result.hpp>
 
@@ -55,8 +60,8 @@ using State = std::vector<StateEntry>;
 
 /// A training runtime: a device policy, a precision policy and a strategy policy (one process
 /// unless given), called in Lightning Fabric's order. Stores its policies at no cost (empty
-/// policies take no space; the runtime adds one setup flag) and calls every hook directly, so each
-/// call inlines to the policy's code.
+/// policies take no space; the runtime adds its list of loggers and a setup flag) and calls
+/// every hook directly, so each call inlines to the policy's code.
 ///
 ///   loom::Runtime<loom::Cpu, loom::Fp32> rt;
 ///   rt.setup(model, optimizer);
@@ -287,10 +292,37 @@ class Runtime {
     return detail::checkpoint_files<S>::load(*this, path, state, strict);
   }
 
-  /// Releases what the policies hold, after the last step: the precision's, the strategy's
-  /// (Ddp: a barrier, then the process group shuts down), then the device's (Cuda waits for
-  /// its work and empties the allocator's cache).
+  /// Adds a logger that log, log_dict and log_hyperparams feed (Fabric's `loggers=`).
+  void add_logger(std::shared_ptr<Logger> logger) { loggers_.add(std::move(logger)); }
+  /// The loggers added.
+  const Loggers& loggers() const noexcept { return loggers_; }
+
+  /// Fabric's log(name, value, step): one row for every logger, on global rank 0 only (other
+  /// ranks return at once and read nothing). A tensor value is copied on its device and read
+  /// when the logger flushes, once for all the values buffered.
+  void log(std::string_view name, const MetricValue& value, int64_t step) {
+    if (!loggers_.empty() && strategy_.rank() == 0) loggers_.log(name, value, step);
+  }
+  /// Fabric's log_dict(metrics, step): one row of several metrics.
+  void log_dict(std::initializer_list<std::pair<std::string_view, MetricValue>> metrics,
+                int64_t step) {
+    if (!loggers_.empty() && strategy_.rank() == 0) loggers_.log_dict(metrics, step);
+  }
+  /// log_dict of metrics built at run time (a monitor's, say).
+  void log_dict(const std::vector<std::pair<std::string, MetricValue>>& metrics, int64_t step) {
+    if (!loggers_.empty() && strategy_.rank() == 0) loggers_.log_dict(metrics, step);
+  }
+  /// Lightning's log_hyperparams, on global rank 0.
+  void log_hyperparams(const Hyperparams& params) {
+    if (!loggers_.empty() && strategy_.rank() == 0) loggers_.log_hyperparams(params);
+  }
+
+  /// Releases what the policies hold, after the last step: the loggers' buffered rows are
+  /// written, then the precision's, the strategy's (Ddp: a barrier, then the process group
+  /// shuts down), then the device's (Cuda waits for its work and empties the allocator's
+  /// cache).
   void teardown() {
+    if (strategy_.rank() == 0) loggers_.flush();
     precision_.teardown();
     strategy_.teardown();
     device_.teardown();
@@ -300,6 +332,7 @@ class Runtime {
   [[no_unique_address]] Device device_;
   [[no_unique_address]] Precision precision_;
   [[no_unique_address]] Strategy strategy_;
+  Loggers loggers_;
   bool set_up_ = false;  // setup has run: forward refuses to run before it, on every strategy
 };
 

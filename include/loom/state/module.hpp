@@ -13,28 +13,13 @@
 #include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 
+#include <loom/detail/module_tensors.hpp>
 #include <loom/error.hpp>
 #include <loom/state/values.hpp>
 
 namespace loom::state {
 
-/// Every defined parameter and buffer of `module` under its state_dict name, in Python's
-/// order.
-inline std::vector<std::pair<std::string, at::Tensor>> module_tensors(
-    const torch::nn::Module& module) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : module.named_modules()) {
-    const std::string& prefix = item.key();
-    const auto& m = item.value();
-    for (const auto& p : m->named_parameters(/*recurse=*/false)) {
-      if (p.value().defined()) out.emplace_back(join(prefix, p.key()), p.value());
-    }
-    for (const auto& b : m->named_buffers(/*recurse=*/false)) {
-      if (b.value().defined()) out.emplace_back(join(prefix, b.key()), b.value());
-    }
-  }
-  return out;
-}
+using detail::module_tensors;  // names to tensors in Python's order (detail/module_tensors.hpp)
 
 /// `module.state_dict()`: names to detached tensors (no copies), Python's order.
 inline Dict module_state(const torch::nn::Module& module) {

@@ -1,7 +1,8 @@
 #pragma once
-// A training progress bar for the examples, in the spirit of Lightning's and tqdm's.
+// loom::ProgressBar: a training progress bar in the spirit of Lightning's and tqdm's, printed
+// by rank 0 only.
 //
-//   examples::Progress bar(total_steps, 100);      // total <= 0: unknown, no bar and no ETA
+//   loom::ProgressBar bar(total_steps, 100);      // total <= 0: unknown, no bar and no ETA
 //   for (...) { ...; bar.step(batch_size, loss); }
 //   bar.finish();
 //
@@ -17,30 +18,45 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include <unistd.h>
 
-namespace examples {
+namespace loom {
 
-class Progress {
+/// Where and by whom a ProgressBar prints.
+struct ProgressBarOptions {
+  std::FILE* out = stdout;  ///< a terminal redraws one line; anything else gets plain lines
+  /// Only rank 0 prints; unset: the RANK variable torchrun sets, else 0.
+  std::optional<int64_t> rank = std::nullopt;
+};
+
+/// A progress bar for a training loop (see the top of this header): a redrawn line with ETA
+/// on a terminal, plain periodic lines elsewhere, nothing on ranks other than 0.
+class ProgressBar {
  public:
   /// `total` steps expected (<= 0: unknown); plain mode prints every `every` steps.
-  explicit Progress(int64_t total, int64_t every = 100, std::string label = "train")
+  explicit ProgressBar(int64_t total, int64_t every = 100, std::string label = "train",
+                       ProgressBarOptions options = {})
       : total_(total),
         every_(every > 0 ? every : 1),
         label_(std::move(label)),
-        tty_(isatty(fileno(stdout)) != 0),
+        out_(options.out),
+        tty_(isatty(fileno(options.out)) != 0),
+        quiet_(rank_of(options) != 0),
         start_(Clock::now()),
         last_line_(start_) {}
 
-  Progress(const Progress&) = delete;
-  Progress& operator=(const Progress&) = delete;
-  ~Progress() { finish(); }
+  ProgressBar(const ProgressBar&) = delete;
+  ProgressBar& operator=(const ProgressBar&) = delete;
+  ~ProgressBar() { finish(); }
 
   /// Records one finished step of `samples` samples and its loss; prints when it is time.
   void step(int64_t samples, double loss) {
+    if (quiet_) return;
     ++steps_;
     samples_ += samples;
     window_[static_cast<std::size_t>(steps_ - 1) % window_.size()] = loss;
@@ -56,8 +72,8 @@ class Progress {
     finished_ = true;
     if (steps_ == 0) return;
     if (tty_ || printed_step_ != steps_) print(Clock::now());
-    if (tty_) std::fputc('\n', stdout);
-    std::fflush(stdout);
+    if (tty_) std::fputc('\n', out_);
+    std::fflush(out_);
   }
 
   int64_t steps() const { return steps_; }
@@ -71,6 +87,11 @@ class Progress {
 
  private:
   using Clock = std::chrono::steady_clock;
+  static int64_t rank_of(const ProgressBarOptions& o) {
+    if (o.rank) return *o.rank;
+    const char* env = std::getenv("RANK");
+    return env == nullptr ? 0 : std::atoll(env);
+  }
   static double seconds(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
   }
@@ -90,7 +111,8 @@ class Progress {
   void print(Clock::time_point now) {
     const double elapsed = std::max(seconds(start_, now), 1e-9);
     const double rate = static_cast<double>(samples_) / elapsed;
-    std::string line = label_ + " ";
+    std::string line = label_;
+    line.push_back(' ');
     char buf[96];
     if (total_ > 0) {
       const double done = std::min(1.0, static_cast<double>(steps_) / static_cast<double>(total_));
@@ -100,7 +122,10 @@ class Progress {
       if (tty_) {  // the bar only where it redraws; in a log the percentage says the same
         constexpr int width = 24;
         const int filled = static_cast<int>(done * width);
-        line += "[" + std::string(filled, '#') + std::string(width - filled, '.') + "] ";
+        line.push_back('[');
+        line.append(static_cast<std::size_t>(filled), '#');
+        line.append(static_cast<std::size_t>(width - filled), '.');
+        line.append("] ");
       }
       std::snprintf(buf, sizeof buf, "%3d%%  ", static_cast<int>(done * 100));
       line += buf;
@@ -113,16 +138,16 @@ class Progress {
     if (total_ > 0) {
       const double eta = elapsed / static_cast<double>(steps_) *
                          static_cast<double>(std::max<int64_t>(total_ - steps_, 0));
-      line += "  " + std::string(steps_ >= total_ ? "took " + clock_time(elapsed)
-                                                  : "ETA " + clock_time(eta));
+      line.append(steps_ >= total_ ? "  took " : "  ETA ");
+      line.append(clock_time(steps_ >= total_ ? elapsed : eta));
     }
     if (tty_) {
       // "\033[K" clears what a longer previous line left to the right.
-      std::fprintf(stdout, "\r%s\033[K", line.c_str());
+      std::fprintf(out_, "\r%s\033[K", line.c_str());
     } else {
-      std::fprintf(stdout, "%s\n", line.c_str());
+      std::fprintf(out_, "%s\n", line.c_str());
     }
-    std::fflush(stdout);
+    std::fflush(out_);
     printed_step_ = steps_;
     last_line_ = now;
   }
@@ -141,11 +166,12 @@ class Progress {
   int64_t total_;
   int64_t every_;
   std::string label_;
-  bool tty_;
+  std::FILE* out_;
+  bool tty_, quiet_;
   Clock::time_point start_, last_line_;
   int64_t steps_ = 0, samples_ = 0, printed_step_ = 0;
   std::array<double, 20> window_{};
   bool finished_ = false;
 };
 
-}  // namespace examples
+}  // namespace loom

@@ -1,0 +1,50 @@
+#pragma once
+// loom::TensorBoardLogger: TensorBoard event files (ROOT/NAME/version_N/events.out.tfevents.*),
+// written with libprotobuf; part of the loom::tensorboard library (built where CMake finds
+// Protobuf).
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <loom/loggers/csv_logger.hpp>
+#include <loom/loggers/logger.hpp>
+
+namespace loom {
+
+/// Scalars as a TensorBoard event file in `ROOT/NAME/version_N` (Lightning's TensorBoardLogger
+/// layout), the records torch.utils.tensorboard's `SummaryWriter.add_scalar` writes: an
+/// Event with the step, the wall time of the log call and a Summary value with the tag and
+/// `simple_value` (an f32: a double is rounded to f32 as TensorBoard stores it). Hyper-
+/// parameters go to `hparams.yaml` beside it (Lightning writes the same file). Link
+/// `loom::tensorboard`.
+class TensorBoardLogger : public Logger {
+ public:
+  explicit TensorBoardLogger(std::filesystem::path root_dir, const LogDirOptions& options = {});
+  ~TensorBoardLogger() override;
+
+  const std::filesystem::path& log_dir() const noexcept { return log_dir_; }
+  /// The event file (`events.out.tfevents.TIME.HOST.PID.N`, as TensorBoard names it).
+  const std::filesystem::path& event_file() const noexcept { return file_; }
+  int64_t version() const noexcept { return version_; }
+
+ protected:
+  void write_rows(const std::vector<Row>& rows) override;
+  void write_hyperparams(const Hyperparams& params) override;
+  void sync_file() override;
+
+ private:
+  void write_record(const std::string& data);
+
+  std::filesystem::path log_dir_, file_;
+  int64_t version_;
+  std::FILE* out_ = nullptr;
+};
+
+namespace detail {
+/// CRC-32C (Castagnoli) of `data`, masked as TFRecord files store it.
+uint32_t masked_crc32c(const void* data, std::size_t size);
+}  // namespace detail
+
+}  // namespace loom
