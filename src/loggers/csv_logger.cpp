@@ -191,15 +191,20 @@ std::string yaml_value(const HyperValue& v) {
 
 }  // namespace
 
+fs::path detail::make_log_dir(const fs::path& root, const LogDirOptions& o, int64_t& version,
+                              bool create, const char* owner) {
+  fs::path dir = log_dir_of(root, o, version);
+  if (!create) return dir;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(std::string(owner) + ": cannot create " + dir.string() + ": " + ec.message());
+  return dir;
+}
+
 CsvLogger::CsvLogger(fs::path root_dir, const LogDirOptions& options)
     : Logger(LoggerOptions{options.flush_every, options.rank}),
-      log_dir_(detail::log_dir_of(root_dir, options, version_)) {
+      log_dir_(detail::make_log_dir(root_dir, options, version_, writes(), "loom::CsvLogger")) {
   if (!writes()) return;
-  std::error_code ec;
-  fs::create_directories(log_dir_, ec);
-  if (ec) {
-    throw Error("loom::CsvLogger: cannot create " + log_dir_.string() + ": " + ec.message());
-  }
   if (fs::exists(metrics_file())) {  // a version given again: go on after its rows
     std::ifstream in(metrics_file(), std::ios::binary);
     std::vector<std::string> header;

@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstring>
 #include <string>
-#include <system_error>
 
 #include <boost/crc.hpp>
 
@@ -50,14 +49,9 @@ std::string host_name() {
 
 TensorBoardLogger::TensorBoardLogger(fs::path root_dir, const LogDirOptions& options)
     : Logger(LoggerOptions{options.flush_every, options.rank}),
-      log_dir_(detail::log_dir_of(root_dir, options, version_)) {
+      log_dir_(
+          detail::make_log_dir(root_dir, options, version_, writes(), "loom::TensorBoardLogger")) {
   if (!writes()) return;
-  std::error_code ec;
-  fs::create_directories(log_dir_, ec);
-  if (ec) {
-    throw Error("loom::TensorBoardLogger: cannot create " + log_dir_.string() + ": " +
-                ec.message());
-  }
   const double t = now_s();
   char name[64];
   std::snprintf(name, sizeof name, "events.out.tfevents.%010lld.", static_cast<long long>(t));

@@ -53,6 +53,9 @@ namespace detail {
 /// loggers pick it.
 std::filesystem::path log_dir_of(const std::filesystem::path& root, const LogDirOptions& o,
                                  int64_t& version);
+/// log_dir_of, and the folder made where `create` (rank 0); `owner` starts the error.
+std::filesystem::path make_log_dir(const std::filesystem::path& root, const LogDirOptions& o,
+                                   int64_t& version, bool create, const char* owner);
 /// Writes `params` to `file` as PyYAML writes Lightning's hparams.yaml (keys sorted).
 void write_hparams_yaml(const std::filesystem::path& file, const Hyperparams& params);
 /// A double as Python's repr() writes it ("0.1", "1e-05", "1e+16", "3.0", "nan", "-inf").
