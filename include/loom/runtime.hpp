@@ -19,13 +19,17 @@
 //   9         s.all_reduce(p.max_reduced_before_step(), Max) (if defined, world > 1)
 //                                                        fp8 delayed scaling    dist/
 //             applied = p.optimizer_step(opt)            may skip on inf/nan    precision/, amp/
+//             (several: p.optimizer_steps({o1, o2}), one scaler update)
 //   state     d, p, s state_dict (prefixed)              and load_state_dict    all three
 //   save      rt.save(path, state): every rank builds the value (device states gathered),
 //             s.save_checkpoint(path, value, io): Ddp: rank 0 writes     state/, dist/
 //   load      v = s.load_checkpoint(path, io, d.device()); every entry loads in place
 //   log       rt.log / log_dict / log_hyperparams -> the loggers (rank 0)    loggers/
 //   teardown  loggers flushed, p.teardown -> s.teardown -> d.teardown        all three
+#include <concepts>
+#include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -48,6 +52,7 @@
 #include <loom/detail/module.hpp>
 #include <loom/detail/state_merge.hpp>
 #include <loom/dist/single_process.hpp>
+#include <loom/error.hpp>
 #include <loom/guards.hpp>
 #include <loom/loggers/logger.hpp>
 #include <loom/state/state_dict.hpp>
@@ -124,11 +129,12 @@ class Runtime {
     set_up_ = true;
   }
 
-  /// setup(module), then moves the optimizer's state to the device.
-  template <class M>
-  void setup(M& module, torch::optim::Optimizer& optimizer) {
+  /// setup(module), then moves each optimizer's state to the device (Fabric's
+  /// `setup(model, opt1, opt2)`: a GAN's two optimizers, a Muon + AdamW split).
+  template <class M, std::derived_from<torch::optim::Optimizer>... O>
+  requires(sizeof...(O) > 0) void setup(M& module, O&... optimizers) {
     setup(module);
-    device_.optimizer_to_device(optimizer);
+    (device_.optimizer_to_device(optimizers), ...);
   }
 
   /// Moves the optimizer's state to the device: after loading optimizer state into an
@@ -205,11 +211,26 @@ class Runtime {
   /// gradients). Under 16-mixed with a loom::optim optimizer the answer stays on the device
   /// until read (StepResult): the step itself makes no host sync.
   StepResult optimizer_step(torch::optim::Optimizer& optimizer) {
-    if (strategy_.world_size() > 1) {
-      at::Tensor shared = precision_.max_reduced_before_step();
-      if (shared.defined()) strategy_.all_reduce(shared, dist::ReduceOp::Max);
-    }
+    agree_before_step();
     return precision_.optimizer_step(optimizer);
+  }
+
+  /// One step of several optimizers that share the backward (a GAN's generator and
+  /// discriminator, Muon on the matrices and AdamW on the rest): each steps, in order, and
+  /// each result says whether that one was applied. Under 16-mixed this is Python's recipe,
+  /// `scaler.step(o1); scaler.step(o2); scaler.update()`: each optimizer unscales its own
+  /// gradients (once: an earlier unscale_gradients or clip_gradients counts) and skips only
+  /// on its own inf/nan, then the scale is updated once from all their checks. An empty list
+  /// or an optimizer named twice is a loom::Error.
+  std::vector<StepResult> optimizer_step(Optimizers optimizers) {
+    check_distinct(optimizers);
+    agree_before_step();
+    return precision_.optimizer_steps(optimizers);
+  }
+  /// `rt.optimizer_step({o1, o2})`.
+  std::vector<StepResult> optimizer_step(
+      std::initializer_list<std::reference_wrapper<torch::optim::Optimizer>> optimizers) {
+    return optimizer_step(Optimizers(optimizers.begin(), optimizers.size()));
   }
 
   /// Undoes loss scaling on the optimizer's gradients (16-mixed), so they can be inspected or
@@ -301,20 +322,20 @@ class Runtime {
   /// ranks return at once and read nothing). A tensor value is copied on its device and read
   /// when the logger flushes, once for all the values buffered.
   void log(std::string_view name, const MetricValue& value, int64_t step) {
-    if (!loggers_.empty() && strategy_.rank() == 0) loggers_.log(name, value, step);
+    if (Loggers* l = rank0_loggers()) l->log(name, value, step);
   }
   /// Fabric's log_dict(metrics, step): one row of several metrics.
   void log_dict(std::initializer_list<std::pair<std::string_view, MetricValue>> metrics,
                 int64_t step) {
-    if (!loggers_.empty() && strategy_.rank() == 0) loggers_.log_dict(metrics, step);
+    if (Loggers* l = rank0_loggers()) l->log_dict(metrics, step);
   }
   /// log_dict of metrics built at run time (a monitor's, say).
   void log_dict(const std::vector<std::pair<std::string, MetricValue>>& metrics, int64_t step) {
-    if (!loggers_.empty() && strategy_.rank() == 0) loggers_.log_dict(metrics, step);
+    if (Loggers* l = rank0_loggers()) l->log_dict(metrics, step);
   }
   /// Lightning's log_hyperparams, on global rank 0.
   void log_hyperparams(const Hyperparams& params) {
-    if (!loggers_.empty() && strategy_.rank() == 0) loggers_.log_hyperparams(params);
+    if (Loggers* l = rank0_loggers()) l->log_hyperparams(params);
   }
 
   /// Releases what the policies hold, after the last step: the loggers' buffered rows are
@@ -322,13 +343,40 @@ class Runtime {
   /// shuts down), then the device's (Cuda waits for its work and empties the allocator's
   /// cache).
   void teardown() {
-    if (strategy_.rank() == 0) loggers_.flush();
+    if (Loggers* l = rank0_loggers()) l->flush();
     precision_.teardown();
     strategy_.teardown();
     device_.teardown();
   }
 
  private:
+  // What every rank must agree on before a step (fp8-mixed's amaxes), all-reduced with Max.
+  void agree_before_step() {
+    if (strategy_.world_size() > 1) {
+      at::Tensor shared = precision_.max_reduced_before_step();
+      if (shared.defined()) strategy_.all_reduce(shared, dist::ReduceOp::Max);
+    }
+  }
+
+  static void check_distinct(Optimizers optimizers) {
+    if (optimizers.empty()) throw Error("loom::Runtime::optimizer_step: no optimizers given");
+    for (std::size_t i = 0; i < optimizers.size(); ++i) {
+      for (std::size_t j = 0; j < i; ++j) {
+        if (&optimizers[i].get() == &optimizers[j].get()) {
+          std::string what = "loom::Runtime::optimizer_step: optimizer ";
+          what.append(std::to_string(i)).append(" is optimizer ").append(std::to_string(j));
+          throw Error(what.append(" again; each steps once per step"));
+        }
+      }
+    }
+  }
+
+  // The loggers this process feeds: all of them on global rank 0, none elsewhere (other ranks
+  // neither buffer nor read anything).
+  Loggers* rank0_loggers() {
+    return !loggers_.empty() && strategy_.rank() == 0 ? &loggers_ : nullptr;
+  }
+
   [[no_unique_address]] Device device_;
   [[no_unique_address]] Precision precision_;
   [[no_unique_address]] Strategy strategy_;

@@ -1,11 +1,20 @@
 #pragma once
 // loom::StepResult: whether an optimizer step was applied, read from the device only when
 // asked.
+#include <functional>
 #include <optional>
+#include <span>
 
 #include <ATen/core/Tensor.h>
 
+namespace torch::optim {
+class Optimizer;
+}
+
 namespace loom {
+
+/// Several optimizers stepped together (`rt.optimizer_step({o1, o2})`): references, in order.
+using Optimizers = std::span<const std::reference_wrapper<torch::optim::Optimizer>>;
 
 /// What `optimizer_step` returns: whether the step was applied (false: skipped, e.g. because
 /// 16-mixed found inf/nan gradients).

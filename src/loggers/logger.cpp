@@ -8,23 +8,12 @@
 
 #include <ATen/ATen.h>
 
+#include <loom/detail/env.hpp>
 #include <loom/error.hpp>
 
 namespace loom {
 
 namespace {
-
-int64_t rank_of(const LoggerOptions& o) {
-  if (o.rank) return *o.rank;
-  const char* env = std::getenv("RANK");
-  if (env == nullptr || *env == '\0') return 0;
-  char* end = nullptr;
-  const long long r = std::strtoll(env, &end, 10);
-  if (*end != '\0' || r < 0) {
-    throw Error(std::string("loom::Logger: the RANK variable is not a rank: \"") + env + "\"");
-  }
-  return r;
-}
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -43,7 +32,7 @@ MetricValue::MetricValue(const at::Tensor& t) : tensor_(t) {
 }
 
 Logger::Logger(const LoggerOptions& options)
-    : rank_(rank_of(options)), flush_every_(options.flush_every) {
+    : rank_(detail::env_rank(options.rank, "loom::Logger")), flush_every_(options.flush_every) {
   if (flush_every_ < 1) {
     throw Error("loom::Logger: flush_every must be at least 1, got " +
                 std::to_string(flush_every_));

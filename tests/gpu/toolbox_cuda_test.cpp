@@ -1,5 +1,6 @@
 // The toolbox on a GPU: a logger reads CUDA loss tensors once per flush, exactly; the memory
-// monitor reports the caching allocator's counters; EMA updates CUDA weights without a sync.
+// monitor reports the caching allocator's counters; EMA updates CUDA weights without a sync;
+// several fused optimizers step under 16-mixed without one.
 // Registered with label gpu only under LOOM_BUILD_GPU_TESTS; compiled everywhere.
 #include <unistd.h>
 #include <cstdlib>
@@ -7,14 +8,18 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include "support/catch.hpp"
 #include "support/sync_counter.hpp"
 
 #include <loom/loggers/csv_logger.hpp>
 #include <loom/loggers/monitors.hpp>
+#include <loom/loom.hpp>
 #include <loom/optim/ema.hpp>
 
 TEST_CASE("A logger reads CUDA values once per flush and writes them exactly", "[gpu]") {
@@ -64,4 +69,30 @@ TEST_CASE("EMA averages CUDA weights without a host sync", "[gpu]") {
   }
   CHECK(loom::testing::SyncCounter::count() == 0);
   CHECK(ema.averaged()[0].second.device().is_cuda());
+}
+
+TEST_CASE("Several fused optimizers step under 16-mixed on CUDA without a host sync", "[gpu]") {
+  loom::Runtime<loom::Cuda, loom::Fp16Mixed> rt;
+  torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::ReLU(),
+                              torch::nn::Linear(16, 4));
+  loom::optim::AdamW a(model[0]->parameters(), loom::optim::AdamWOptions(1e-3));
+  loom::optim::Adam b(model[2]->parameters(), loom::optim::AdamOptions(1e-3));
+  rt.setup(model, a, b);
+  const at::Tensor x = rt.to_device(at::randn({32, 8}));
+  std::vector<loom::StepResult> results;
+  int syncs = 0;
+  for (int i = 0; i < 5; ++i) {
+    loom::testing::SyncCounter counter;
+    rt.backward(rt.forward(model, x).square().mean(), model);
+    results = rt.optimizer_step({a, b});
+    a.zero_grad();
+    b.zero_grad();
+    syncs += loom::testing::SyncCounter::count();
+  }
+  CHECK(syncs == 0);
+  REQUIRE(results.size() == 2);
+  CHECK_FALSE(results[0].known());  // the flags are still on the device
+  CHECK(results[0].applied());
+  CHECK(results[1].applied());
+  CHECK(a.param_groups()[0].params()[0].is_cuda());
 }

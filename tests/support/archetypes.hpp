@@ -88,6 +88,10 @@ struct PrecisionArchetype {
                                                          p_precision_has_optimizer_step) {
     return true;
   }
+  std::vector<StepResult> optimizer_steps(Optimizers os) requires(Missing !=
+                                                                  p_precision_has_optimizer_steps) {
+    return std::vector<StepResult>(os.size());
+  }
   std::vector<at::Tensor> main_params(torch::optim::Optimizer&) requires(
       Missing != p_precision_has_main_params) {
     return {};

@@ -14,8 +14,8 @@ namespace loom {
 /// What `Runtime`'s Precision argument must provide: its name, scopes, casts and backward steps.
 ///
 ///   p: P&  cp: const P&  t: const torch::Tensor&  m: torch::nn::Module&
-///   o: torch::optim::Optimizer&  dev: torch::Device  dt: c10::DeviceType  v, n: double
-///   a: precision::ClipAlgorithm
+///   o: torch::optim::Optimizer&  os: loom::Optimizers  dev: torch::Device  dt: c10::DeviceType  v,
+///   n: double a: precision::ClipAlgorithm
 ///
 ///   expression               returns                   precision::Defaults<P> does
 ///   P::precision()           std::string_view, const   (none: each policy names itself)
@@ -32,6 +32,8 @@ namespace loom {
 ///   p.max_reduced_before_step()  torch::Tensor         undefined; else Runtime all-reduces it
 ///                                                      (Max) across ranks before each step
 ///   p.optimizer_step(o)      bool: the step applied    o.step(); true
+///   p.optimizer_steps(os)    std::vector<StepResult>   optimizer_step(o) for each o, in order
+///                                                      (one step of several optimizers)
 ///   p.main_params(o)         std::vector<Tensor>       every param of every group
 ///   p.unscale_gradients(o)   void                      nothing (no loss scaling)
 ///   p.clip_gradients(o, v, a, n)  double               unscale_gradients(o), then clip

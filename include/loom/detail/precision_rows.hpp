@@ -86,6 +86,10 @@ concept precision_has_optimizer_step = requires(P& p, torch::optim::Optimizer& o
   { p.optimizer_step(o) } -> step_result_like;
 };
 template <class P>
+concept precision_has_optimizer_steps = requires(P& p, Optimizers os) {
+  { p.optimizer_steps(os) } -> std::same_as<std::vector<StepResult>>;
+};
+template <class P>
 concept precision_has_max_reduced_before_step = requires(P& p) {
   { p.max_reduced_before_step() } -> std::same_as<at::Tensor>;
 };
@@ -130,6 +134,8 @@ concept precision_has_loss_scale = requires(const P& p) {
   X(__VA_ARGS__, precision_has_max_reduced_before_step,                                         \
     "`torch::Tensor max_reduced_before_step()`")                                                \
   X(__VA_ARGS__, precision_has_optimizer_step, "`bool optimizer_step(torch::optim::Optimizer&)`") \
+  X(__VA_ARGS__, precision_has_optimizer_steps,                                                 \
+    "`std::vector<loom::StepResult> optimizer_steps(loom::Optimizers)`")                        \
   X(__VA_ARGS__, precision_has_main_params,                                                     \
     "`std::vector<torch::Tensor> main_params(torch::optim::Optimizer&)`")                       \
   X(__VA_ARGS__, precision_has_unscale_gradients,                                               \

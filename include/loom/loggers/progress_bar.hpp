@@ -25,6 +25,8 @@
 
 #include <unistd.h>
 
+#include <loom/detail/env.hpp>
+
 namespace loom {
 
 /// Where and by whom a ProgressBar prints.
@@ -46,13 +48,16 @@ class ProgressBar {
         label_(std::move(label)),
         out_(options.out),
         tty_(isatty(fileno(options.out)) != 0),
-        quiet_(rank_of(options) != 0),
+        quiet_(detail::env_rank(options.rank, "loom::ProgressBar") != 0),
         start_(Clock::now()),
         last_line_(start_) {}
 
   ProgressBar(const ProgressBar&) = delete;
   ProgressBar& operator=(const ProgressBar&) = delete;
   ~ProgressBar() { finish(); }
+
+  /// Whether this process prints: it is rank 0.
+  bool prints() const noexcept { return !quiet_; }
 
   /// Records one finished step of `samples` samples and its loss; prints when it is time.
   void step(int64_t samples, double loss) {
@@ -87,11 +92,6 @@ class ProgressBar {
 
  private:
   using Clock = std::chrono::steady_clock;
-  static int64_t rank_of(const ProgressBarOptions& o) {
-    if (o.rank) return *o.rank;
-    const char* env = std::getenv("RANK");
-    return env == nullptr ? 0 : std::atoll(env);
-  }
   static double seconds(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
   }

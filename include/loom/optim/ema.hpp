@@ -40,7 +40,10 @@ struct EMAOptions {
 /// `ema.copy_(ema * decay + model * (1 - decay))`). It holds its own tensors (no copy of the
 /// module), keeps the update count on the host as well, so update() never reads the device,
 /// and saves as AveragedModel's state_dict: `n_averaged`, then `module.<name>` for every
-/// parameter and buffer in Python's order (`rt.save` takes it as a State entry).
+/// parameter and buffer in Python's order (`rt.save` takes it as a State entry). It keeps
+/// handles to the model's tensors as they are when it is made, so an update walks no module
+/// tree: make it after rt.setup (which converts the model, and under fp8-mixed replaces
+/// layers); moving the model later is fine (the handles follow).
 ///
 ///   loom::optim::EMA ema(*model, {.decay = 0.999});
 ///   for (...) { ...; rt.optimizer_step(opt); ema.update(); }
@@ -48,7 +51,7 @@ struct EMAOptions {
 class EMA {
  public:
   explicit EMA(torch::nn::Module& model, EMAOptions options = {.decay = 0.999})
-      : model_(&model), update_every_(options.update_every), use_buffers_(options.use_buffers) {
+      : update_every_(options.update_every), use_buffers_(options.use_buffers) {
     if (options.decay.has_value() == options.half_life.has_value()) {
       fail("give exactly one of decay and half_life");
     }
@@ -69,10 +72,10 @@ class EMA {
     for (const auto& b : model.named_buffers()) buffers.insert(b.key());
     for (auto& [name, t] : loom::detail::module_tensors(model)) {
       names_.push_back(name);
+      live_.push_back(t);  // the handle itself: it follows set_data (a move, a swap)
       averaged_.push_back(t.detach().clone());
       buffer_.push_back(buffers.count(name) != 0);
     }
-    n_averaged_tensor_ = at::zeros({}, at::TensorOptions(at::kLong));
   }
 
   /// One call per training step (after the optimizer step); every update_every-th call
@@ -80,7 +83,7 @@ class EMA {
   void update() {
     if (++calls_ % update_every_ != 0) return;
     at::NoGradGuard no_grad;
-    const auto live = model_tensors();
+    const std::vector<at::Tensor>& live = live_;
     if (n_averaged_ == 0) {
       for (std::size_t i = 0; i < live.size(); ++i) averaged_[i].copy_(live[i]);
     } else {
@@ -106,7 +109,6 @@ class EMA {
       }
     }
     ++n_averaged_;
-    n_averaged_tensor_.fill_(n_averaged_);
   }
 
   /// How many times the model has been averaged in (AveragedModel's n_averaged).
@@ -145,7 +147,7 @@ class EMA {
   /// every parameter and buffer.
   state::Dict state_dict() const {
     state::Dict d = state::new_dict();
-    d.insert("n_averaged", n_averaged_tensor_.clone());
+    d.insert("n_averaged", at::scalar_tensor(n_averaged_, at::TensorOptions(at::kLong)));
     for (std::size_t i = 0; i < names_.size(); ++i) {
       d.insert("module." + names_[i], averaged_[i].detach());
     }
@@ -154,7 +156,8 @@ class EMA {
 
   /// Loads AveragedModel's (or loom's) state: copies every averaged tensor in place (onto its
   /// device and dtype) and the count. Keys must match exactly; nothing changes when one does
-  /// not.
+  /// not. With update_every k the calls since the last update are not in the state: the next
+  /// update comes k calls after the load, as after a save taken right after an update.
   void load_state_dict(const c10::IValue& state) {
     state::Reader r("loom::optim::EMA::load_state_dict", state);
     const at::Tensor n = r.tensor("n_averaged");
@@ -175,7 +178,7 @@ class EMA {
     at::NoGradGuard no_grad;
     for (std::size_t i = 0; i < names_.size(); ++i) averaged_[i].copy_(sources[i]);
     n_averaged_ = n.item<int64_t>();
-    n_averaged_tensor_.fill_(n_averaged_);
+    calls_ = n_averaged_ * update_every_;  // in phase when saved right after an update
   }
 
  private:
@@ -189,43 +192,24 @@ class EMA {
     }
     return s + "]";
   }
-  /// The model's tensors now, in names_' order (a model changed since is an error).
-  std::vector<at::Tensor> model_tensors() const {
-    auto now = loom::detail::module_tensors(*model_);
-    if (now.size() != names_.size()) {
-      fail("the model has " + std::to_string(now.size()) + " parameters and buffers, it had " +
-           std::to_string(names_.size()));
-    }
-    std::vector<at::Tensor> out;
-    for (std::size_t i = 0; i < now.size(); ++i) {
-      if (now[i].first != names_[i]) {
-        fail("the model's tensor " + now[i].first + " was " + names_[i] + " when the EMA was made");
-      }
-      out.push_back(now[i].second.detach());
-    }
-    return out;
-  }
   /// Exchanges the storages of the model's tensors and the averages.
   void exchange() {
     at::NoGradGuard no_grad;
-    auto now = loom::detail::module_tensors(*model_);
-    for (std::size_t i = 0; i < now.size() && i < averaged_.size(); ++i) {
-      at::Tensor& live = now[i].second;
-      at::Tensor model_data = live.variable_data();  // the model's storage, as a plain tensor
-      live.set_data(averaged_[i]);
+    for (std::size_t i = 0; i < live_.size(); ++i) {
+      at::Tensor model_data = live_[i].variable_data();  // the model's storage, plain
+      live_[i].set_data(averaged_[i]);
       averaged_[i] = model_data;
     }
   }
 
-  torch::nn::Module* model_;
   int64_t update_every_;
   bool use_buffers_;
   double decay_ = 0.999;
   std::vector<std::string> names_;
-  std::vector<at::Tensor> averaged_;
+  std::vector<at::Tensor> live_;      // the model's parameters and buffers, by names_
+  std::vector<at::Tensor> averaged_;  // their averages
   std::vector<bool> buffer_;
   int64_t calls_ = 0, n_averaged_ = 0;
-  at::Tensor n_averaged_tensor_;
 };
 
 }  // namespace loom::optim

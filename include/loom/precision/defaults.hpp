@@ -12,6 +12,7 @@
 #include <loom/detail/refuse_state.hpp>
 #include <loom/guards.hpp>
 #include <loom/state/state_dict.hpp>
+#include <loom/step_result.hpp>
 
 namespace loom::precision {
 
@@ -56,6 +57,15 @@ struct Defaults {
   bool optimizer_step(torch::optim::Optimizer& optimizer) {
     optimizer.step();
     return true;
+  }
+
+  /// One step of several optimizers (a GAN's, a split Muon + AdamW): self's optimizer_step
+  /// for each, in order.
+  std::vector<StepResult> optimizer_steps(Optimizers optimizers) {
+    std::vector<StepResult> applied;
+    applied.reserve(optimizers.size());
+    for (torch::optim::Optimizer& o : optimizers) applied.emplace_back(self().optimizer_step(o));
+    return applied;
   }
 
   /// The parameters the optimizer updates: every parameter of every group, in order.

@@ -27,6 +27,7 @@
 #include <loom/precision/mixed.hpp>
 #include <loom/state/reader.hpp>
 #include <loom/state/state_dict.hpp>
+#include <loom/step_result.hpp>
 
 namespace loom::precision {
 
@@ -83,6 +84,14 @@ struct Fp8Mixed : Mixed<Fp8Mixed, c10::kBFloat16> {
     optimizer.step();
     if (block_) block_->update(recipe_.delayed, recipe_.grad_dtype);
     return true;
+  }
+
+  /// Every optimizer's step, then the scales once: one training step's amaxes roll into the
+  /// history once, however many optimizers share the step.
+  std::vector<StepResult> optimizer_steps(Optimizers optimizers) {
+    for (torch::optim::Optimizer& o : optimizers) o.step();
+    if (block_) block_->update(recipe_.delayed, recipe_.grad_dtype);
+    return std::vector<StepResult>(optimizers.size(), StepResult(true));
   }
 
   /// What Runtime all-reduces (Max) across ranks before each optimizer step, so every rank

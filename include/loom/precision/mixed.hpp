@@ -2,6 +2,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceType.h>
@@ -81,6 +82,20 @@ struct Fp16Mixed : Mixed<Fp16Mixed, c10::kHalf> {
     refuse_closure_optimizers(optimizer);
     require_backward("optimizer_step()");
     StepResult applied = scaler_.step(optimizer);
+    scaler_.update();
+    backward_ran_ = false;
+    return applied;
+  }
+
+  /// One step of several optimizers, Python's recipe for several models and optimizers:
+  /// scaler.step(o) for each (each unscales its own gradients, unless unscale_gradients did,
+  /// and skips on its own inf/nan), then one scaler.update() over all their inf checks.
+  std::vector<StepResult> optimizer_steps(Optimizers optimizers) {
+    for (torch::optim::Optimizer& o : optimizers) refuse_closure_optimizers(o);
+    require_backward("optimizer_step()");
+    std::vector<StepResult> applied;
+    applied.reserve(optimizers.size());
+    for (torch::optim::Optimizer& o : optimizers) applied.push_back(scaler_.step(o));
     scaler_.update();
     backward_ran_ = false;
     return applied;

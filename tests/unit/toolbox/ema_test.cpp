@@ -146,6 +146,27 @@ TEST_CASE("EMA goes through rt.save and rt.load as AveragedModel's state", "[ema
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("EMA resumes in phase with update_every", "[ema]") {
+  auto model = make_model();
+  loom::optim::EMA ema(*model, {.decay = 0.5, .update_every = 3});
+  for (int i = 0; i < 6; ++i) ema.update();  // updates at calls 3 and 6
+  REQUIRE(ema.n_averaged() == 2);
+  const auto state = ema.state_dict();
+  loom::optim::EMA resumed(*model, {.decay = 0.5, .update_every = 3});
+  resumed.update();  // calls counted before the load do not shift the phase
+  resumed.update();
+  resumed.load_state_dict(c10::IValue(state));
+  for (int i = 0; i < 2; ++i) {  // calls 7 and 8: no update, in either
+    ema.update();
+    resumed.update();
+  }
+  CHECK(resumed.n_averaged() == 2);
+  ema.update();  // call 9: both update
+  resumed.update();
+  CHECK(ema.n_averaged() == 3);
+  CHECK(resumed.n_averaged() == 3);
+}
+
 TEST_CASE("EMA refuses bad settings and states", "[ema]") {
   auto model = make_model();
   using Catch::Matchers::Contains;

@@ -21,6 +21,7 @@
 
 #include <loom/device/cpu.hpp>
 #include <loom/loggers/csv_logger.hpp>
+#include <loom/loggers/progress_bar.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/runtime.hpp>
 #ifdef LOOM_TEST_TENSORBOARD
@@ -127,7 +128,12 @@ TEST_CASE("Loggers write on rank 0 only and refuse bad values", "[logger]") {
   CHECK(from_env.rank() == 2);
   ::setenv("RANK", "two", 1);
   CHECK_THROWS_WITH(loom::CsvLogger(dir.path),
-                    Catch::Matchers::Contains("the RANK variable is not a rank: \"two\""));
+                    Catch::Matchers::Contains("loom::Logger: RANK is \"two\", not a whole number"));
+  // The progress bar reads RANK by the same rule: a typo is an error, not rank 0.
+  CHECK_THROWS_WITH(loom::ProgressBar(4),
+                    Catch::Matchers::Contains("loom::ProgressBar: RANK is \"two\""));
+  ::setenv("RANK", "1", 1);
+  CHECK_FALSE(loom::ProgressBar(4).prints());
   ::unsetenv("RANK");
 
   loom::CsvLogger csv(dir.path);
