@@ -1,0 +1,472 @@
+// A character-level transformer language model on text every Debian machine ships (the licence
+// texts under /usr/share/common-licenses), trained through loom::Runtime with what a real run
+// uses: the precision chosen at run time, AdamW with weight decay on the matrices only, a
+// linear warm-up then cosine schedule, gradient clipping, gradient accumulation, loggers, an EMA
+// of the weights for evaluation, and a checkpoint directory a killed run resumes from.
+//
+//   char_lm [--text FILE_OR_DIR ...] [--device cpu] [--precision 32-true] [--steps 600]
+//           [--max-steps N] [--batch-size 16] [--accumulate 2] [--block 64] [--width 64]
+//           [--layers 2] [--heads 4] [--lr 3e-3] [--warmup-steps 20] [--clip 1.0]
+//           [--ema-decay 0.99] [--log-dir DIR] [--checkpoint-dir DIR [--checkpoint-every 100]
+//           [--keep 3] [--async-save]] [--sample 200]
+//
+// --steps plans the run (the schedule anneals to 0 at --steps); --max-steps stops it earlier,
+// as a cluster's time limit would: run it again with the same --checkpoint-dir and it resumes
+// from the newest checkpoint, with the same bits as a run that never stopped (the batches of
+// step s are drawn from a generator seeded with s, so they do not depend on the RNG's past).
+// Ends with the validation loss of the trained weights and of their EMA, a sample of text from
+// the EMA weights, and "learned" when the validation loss fell well below the uniform guess's.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <CLI/CLI.hpp>
+
+#include <loom/dist/stop_signal.hpp>
+#include <loom/loggers/csv_logger.hpp>
+#include <loom/loggers/progress_bar.hpp>
+#include <loom/loom.hpp>
+#include <loom/optim/ema.hpp>
+#include <loom/state/checkpoints.hpp>
+
+#include "common/checkpoint_flags.hpp"
+
+namespace {
+
+struct Options {
+  std::vector<std::string> text{"/usr/share/common-licenses"};
+  std::string device = "cpu";
+  std::string precision = "32-true";
+  int64_t steps = 600;
+  int64_t max_steps = -1;
+  int64_t batch_size = 16;
+  int64_t accumulate = 2;
+  int64_t block = 64;
+  int64_t width = 64;
+  int64_t layers = 2;
+  int64_t heads = 4;
+  double lr = 3e-3;
+  int64_t warmup_steps = 20;
+  double clip = 1.0;
+  double ema_decay = 0.99;
+  int64_t sample = 200;
+  std::string log_dir;
+  examples::CheckpointFlags checkpoints;
+};
+
+/// A run stopped by a signal after saving its step; main exits with `code`.
+struct Stopped {
+  int code;
+};
+
+/// The bytes of every regular file named, a directory's files in name order (symbolic links
+/// skipped: Debian's GPL is a link to GPL-3).
+std::string read_text(const std::vector<std::string>& sources) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> files;
+  for (const auto& s : sources) {
+    if (fs::is_directory(s)) {
+      std::vector<fs::path> in_dir;
+      for (const auto& e : fs::directory_iterator(s)) {
+        if (e.is_regular_file() && !e.is_symlink()) in_dir.push_back(e.path());
+      }
+      std::sort(in_dir.begin(), in_dir.end());
+      files.insert(files.end(), in_dir.begin(), in_dir.end());
+    } else {
+      files.emplace_back(s);
+    }
+  }
+  std::string text;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    if (!in) throw std::runtime_error("cannot read the text file " + f.string());
+    text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return text;
+}
+
+/// The characters of a text as token ids, and back.
+class Vocabulary {
+ public:
+  explicit Vocabulary(const std::string& text) {
+    std::array<bool, 256> seen{};
+    for (unsigned char c : text) seen[c] = true;
+    for (int c = 0; c < 256; ++c) {
+      if (seen[static_cast<std::size_t>(c)]) {
+        id_[static_cast<std::size_t>(c)] = static_cast<int64_t>(chars_.size());
+        chars_.push_back(static_cast<char>(c));
+      }
+    }
+  }
+  int64_t size() const { return static_cast<int64_t>(chars_.size()); }
+  at::Tensor encode(const std::string& text) const {
+    at::Tensor ids = at::empty({static_cast<int64_t>(text.size())}, at::kLong);
+    auto* p = ids.data_ptr<int64_t>();
+    for (std::size_t i = 0; i < text.size(); ++i) {
+      const int64_t id = id_[static_cast<unsigned char>(text[i])];
+      p[i] = id < 0 ? 0 : id;  // a prompt character the text never uses: the first one
+    }
+    return ids;
+  }
+  char decode(int64_t id) const { return chars_.at(static_cast<std::size_t>(id)); }
+
+ private:
+  std::vector<char> chars_;
+  std::array<int64_t, 256> id_ = [] {
+    std::array<int64_t, 256> a{};
+    a.fill(-1);
+    return a;
+  }();
+};
+
+/// Pre-norm transformer block: x + attention(LayerNorm(x)), then x + MLP(LayerNorm(x)) with
+/// GELU. Sequence first, (T, B, C), as torch::nn::MultiheadAttention takes it.
+struct BlockImpl : torch::nn::Module {
+  BlockImpl(int64_t width, int64_t heads)
+      : ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})))),
+        attn(register_module("attn", torch::nn::MultiheadAttention(
+                                         torch::nn::MultiheadAttentionOptions(width, heads)))),
+        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})))),
+        mlp(register_module(
+            "mlp", torch::nn::Sequential(torch::nn::Linear(width, 4 * width), torch::nn::GELU(),
+                                         torch::nn::Linear(4 * width, width)))) {}
+
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& causal) {
+    const at::Tensor h = ln1(x);
+    at::Tensor y = x + std::get<0>(attn->forward(h, h, h, /*key_padding_mask=*/{},
+                                                 /*need_weights=*/false, causal));
+    return y + mlp->forward(ln2(y));
+  }
+
+  torch::nn::LayerNorm ln1;
+  torch::nn::MultiheadAttention attn;
+  torch::nn::LayerNorm ln2;
+  torch::nn::Sequential mlp;
+};
+TORCH_MODULE(Block);
+
+/// Token and position embeddings, the blocks, a final LayerNorm and the logits.
+struct CharLMImpl : torch::nn::Module {
+  CharLMImpl(int64_t vocab, int64_t block, int64_t width, int64_t layers, int64_t heads)
+      : tok(register_module("tok", torch::nn::Embedding(vocab, width))),
+        pos(register_module("pos", torch::nn::Embedding(block, width))),
+        ln(register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})))),
+        head(register_module("head", torch::nn::Linear(width, vocab))) {
+    for (int64_t i = 0; i < layers; ++i) blocks->push_back(Block(width, heads));
+    register_module("blocks", blocks);
+  }
+
+  /// (B, T) token ids -> (B, T, vocab) logits; position t sees positions <= t only.
+  at::Tensor forward(const at::Tensor& ids) {
+    const int64_t t = ids.size(1);
+    at::Tensor x = tok(ids) + pos(at::arange(t, ids.options()));
+    x = x.transpose(0, 1);  // (T, B, C)
+    // LibTorch's attention adds attn_mask to the scores (a bool mask too, as 0 and 1): -inf
+    // above the diagonal hides the future.
+    const at::Tensor causal =
+        at::full({t, t}, -std::numeric_limits<float>::infinity(), ids.options().dtype(at::kFloat))
+            .triu(1);
+    for (const auto& b : *blocks) x = b->as<BlockImpl>()->forward(x, causal);
+    return head(ln(x)).transpose(0, 1);
+  }
+
+  torch::nn::Embedding tok, pos;
+  torch::nn::ModuleList blocks;
+  torch::nn::LayerNorm ln;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(CharLM);
+
+/// Windows of block + 1 characters: inputs and the next characters. The windows of (step,
+/// micro-batch) come from a generator seeded with them alone, so a resumed run draws what an
+/// uninterrupted one would.
+std::pair<at::Tensor, at::Tensor> windows(const at::Tensor& ids, int64_t block, int64_t batch,
+                                          uint64_t seed) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const at::Tensor starts = at::randint(ids.size(0) - block - 1, {batch}, gen, at::kLong);
+  const at::Tensor offsets = at::arange(block + 1, at::kLong);
+  const at::Tensor rows = ids.index({starts.unsqueeze(1) + offsets});  // (batch, block + 1)
+  return {rows.narrow(1, 0, block), rows.narrow(1, 1, block)};
+}
+
+template <class RT, class Model>
+at::Tensor loss_of(RT& rt, Model& model, const at::Tensor& x, const at::Tensor& y) {
+  const at::Tensor logits = rt.forward(model, x);  // (B, T, V) in the default dtype
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                              y.reshape({-1}));
+}
+
+/// The mean loss over fixed windows of the validation text.
+template <class RT, class Model>
+double validation_loss(RT& rt, Model& model, const at::Tensor& val, const Options& o) {
+  at::NoGradGuard no_grad;
+  model->eval();
+  double sum = 0;
+  constexpr int kBatches = 8;
+  for (int i = 0; i < kBatches; ++i) {
+    auto [x, y] = windows(val, o.block, o.batch_size, 1'000'000u + static_cast<uint64_t>(i));
+    sum += loss_of(rt, model, rt.to_device(x), rt.to_device(y)).template item<double>();
+  }
+  model->train();
+  return sum / kBatches;
+}
+
+/// `n` characters after `prompt`, each drawn from the model's distribution (seeded).
+template <class RT, class Model>
+std::string sample(RT& rt, Model& model, const Vocabulary& vocab, const std::string& prompt,
+                   int64_t n, int64_t block) {
+  at::NoGradGuard no_grad;
+  model->eval();
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  at::Tensor ids = vocab.encode(prompt).unsqueeze(0);
+  std::string out = prompt;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = std::min<int64_t>(ids.size(1), block);
+    const at::Tensor logits = rt.forward(model, rt.to_device(ids.narrow(1, ids.size(1) - t, t)));
+    const at::Tensor probs = logits.select(1, t - 1).to(at::kCPU, at::kFloat).softmax(-1);
+    const at::Tensor next = at::multinomial(probs, 1, /*replacement=*/false, gen);
+    out.push_back(vocab.decode(next.item<int64_t>()));
+    ids = at::cat({ids, next}, 1);
+  }
+  model->train();
+  return out;
+}
+
+/// Throws unless the model is causal: changing the last character of every window must leave
+/// the logits of all earlier positions as they were.
+template <class RT, class Model>
+void check_causal(RT& rt, Model& model, const at::Tensor& ids, const Options& o, int64_t vocab) {
+  at::NoGradGuard no_grad;
+  auto [x, y] = windows(ids, o.block, 2, 12345);
+  at::Tensor changed = x.clone();
+  changed.select(1, o.block - 1).add_(1).remainder_(vocab);
+  const at::Tensor a = rt.forward(model, rt.to_device(x)).narrow(1, 0, o.block - 1);
+  const at::Tensor b = rt.forward(model, rt.to_device(changed)).narrow(1, 0, o.block - 1);
+  if (!at::allclose(a.to(at::kFloat), b.to(at::kFloat), 1e-3, 1e-3)) {
+    throw std::runtime_error("the model sees the future: the causal mask does not hold");
+  }
+}
+
+struct Result {
+  double val_loss, ema_val_loss, uniform;
+};
+
+template <class RT>
+Result train(RT& rt, const Options& o) {
+  const std::string text = read_text(o.text);
+  const Vocabulary vocab(text);
+  const at::Tensor ids = vocab.encode(text);
+  const int64_t split = ids.size(0) * 9 / 10;
+  const at::Tensor train_ids = ids.narrow(0, 0, split),
+                   val_ids = ids.narrow(0, split, ids.size(0) - split);
+  if (val_ids.size(0) <= o.block + 1) throw std::runtime_error("the text is too short for --block");
+
+  CharLM model{nullptr};
+  {
+    [[maybe_unused]] auto init = rt.module_init_context();
+    model = CharLM(vocab.size(), o.block, o.width, o.layers, o.heads);
+  }
+  // Weight decay on the matrices only (not on biases, LayerNorm or the embeddings), as GPT
+  // trainers do: two parameter groups of one fused AdamW.
+  std::vector<at::Tensor> decayed, plain;
+  for (const auto& p : model->named_parameters()) {
+    const bool matrix =
+        p.value().dim() == 2 && p.key().find("tok.") != 0 && p.key().find("pos.") != 0;
+    (matrix ? decayed : plain).push_back(p.value());
+  }
+  const double eps = std::is_same_v<typename RT::precision_policy, loom::Fp16True> ? 1e-4 : 1e-8;
+  loom::optim::AdamW opt(
+      {torch::optim::OptimizerParamGroup(
+           decayed, std::make_unique<loom::optim::AdamWOptions>(
+                        loom::optim::AdamWOptions(o.lr).weight_decay(0.1).eps(eps))),
+       torch::optim::OptimizerParamGroup(
+           plain, std::make_unique<loom::optim::AdamWOptions>(
+                      loom::optim::AdamWOptions(o.lr).weight_decay(0.0).eps(eps)))},
+      loom::optim::AdamWOptions(o.lr).eps(eps));
+  rt.setup(model, opt);
+  // The EMA holds the model's tensors as setup left them.
+  loom::optim::EMA ema(*model, {.decay = o.ema_decay});
+  check_causal(rt, model, train_ids, o, vocab.size());
+  loom::optim::WarmupCosineLR schedule(
+      opt, {.warmup_steps = o.warmup_steps, .total_steps = o.steps, .warmup_start_factor = 0.1});
+
+  int64_t n_params = 0;
+  for (const auto& p : model->parameters()) n_params += p.numel();
+  std::printf(
+      "char_lm: %lld characters (%lld kinds), a %lld-layer transformer of %lld parameters, "
+      "%s on %s\n",
+      static_cast<long long>(ids.size(0)), static_cast<long long>(vocab.size()),
+      static_cast<long long>(o.layers), static_cast<long long>(n_params),
+      std::string(RT::precision_name()).c_str(), std::string(rt.device().name()).c_str());
+
+  if (!o.log_dir.empty()) {
+    auto csv = std::make_shared<loom::CsvLogger>(o.log_dir, loom::LogDirOptions{.name = "char_lm"});
+    rt.add_logger(csv);
+    rt.log_hyperparams({{"precision", std::string(RT::precision_name())},
+                        {"steps", o.steps},
+                        {"batch_size", o.batch_size},
+                        {"accumulate", o.accumulate},
+                        {"lr", o.lr},
+                        {"width", o.width},
+                        {"layers", o.layers}});
+    std::printf("logging to %s\n", csv->metrics_file().string().c_str());
+  }
+
+  int64_t step = 0;
+  loom::State state{{"model", model},        {"optimizer", opt}, {"runtime", rt},
+                    {"scheduler", schedule}, {"ema", ema},       {"step", step}};
+  std::optional<loom::Checkpoints> ckpt;
+  if (!o.checkpoints.dir.empty()) {
+    ckpt.emplace(o.checkpoints.dir, loom::CheckpointsOptions{.keep_last = o.checkpoints.keep});
+    if (auto resumed = ckpt->resume(rt, state)) {
+      std::printf("resumed from %s at step %lld\n", ckpt->path(*resumed).string().c_str(),
+                  static_cast<long long>(step));
+    }
+  }
+  const int64_t last = o.max_steps >= 0 ? std::min(o.steps, o.max_steps) : o.steps;
+  loom::StopSignal stop;
+  loom::ProgressBar progress(last - step, 50);
+  loom::SpeedMonitor speed({.window_size = 20});
+  auto save = [&](bool in_background = false) {
+    if (ckpt) ckpt->save(rt, step, state, {.sync = true, .async = in_background});
+  };
+  while (step < last) {
+    // Accumulation: the micro-batches' gradients add up; under Ddp only the last backward
+    // all-reduces. Each micro-batch's loss is divided so the step sees their mean.
+    at::Tensor step_loss;
+    for (int64_t m = 0; m < o.accumulate; ++m) {
+      auto scope = rt.no_backward_sync(model, m + 1 < o.accumulate);
+      auto [x, y] =
+          windows(train_ids, o.block, o.batch_size, static_cast<uint64_t>(step * o.accumulate + m));
+      const at::Tensor loss =
+          loss_of(rt, model, rt.to_device(x), rt.to_device(y)) / static_cast<double>(o.accumulate);
+      const at::Tensor l = rt.backward(loss, model);
+      step_loss = step_loss.defined() ? step_loss + l : l;
+    }
+    const double norm = rt.clip_gradients(opt, o.clip);
+    const loom::StepResult applied = rt.optimizer_step(opt);
+    schedule.step(applied);  // a skipped 16-mixed step does not advance the schedule
+    ema.update();
+    opt.zero_grad();
+    const double lr = opt.param_groups()[0].options().get_lr();
+    rt.log_dict({{"train/loss", step_loss}, {"train/grad_norm", norm}, {"lr", lr}}, step);
+    rt.log_dict(speed.step(o.batch_size * o.accumulate), step);
+    ++step;
+    progress.step(o.batch_size * o.accumulate, step_loss.template item<double>());
+    if (step % o.checkpoints.every == 0 && step < last) save(o.checkpoints.async_save);
+    if (stop.should_stop(rt)) {
+      progress.finish();
+      save();
+      std::printf("stopped by signal %d at step %lld%s\n", stop.signal(),
+                  static_cast<long long>(step), ckpt ? ", saved" : " (no --checkpoint-dir)");
+      throw Stopped{stop.exit_code()};
+    }
+  }
+  progress.finish();
+  if (ckpt) {
+    save();
+    ckpt->wait(rt);
+    const auto final_path = ckpt->dir() / "final.pt";
+    rt.save(final_path, state);
+    std::printf("checkpoint: step %lld saved, final state in %s\n", static_cast<long long>(step),
+                final_path.string().c_str());
+  }
+
+  Result r{};
+  r.uniform = std::log(static_cast<double>(vocab.size()));
+  r.val_loss = validation_loss(rt, model, val_ids, o);
+  {
+    auto averaged = ema.swap();  // the EMA's weights in the model until the scope ends
+    r.ema_val_loss = validation_loss(rt, model, val_ids, o);
+    if (o.sample > 0) {
+      std::printf("sample (EMA weights):\n%s\n",
+                  sample(rt, model, vocab, "This License", o.sample, o.block).c_str());
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"Trains a character-level transformer on text through loom::Runtime.", "char_lm"};
+  app.option_defaults()->always_capture_default();
+  app.add_option("--text", o.text, "text files, or directories of them");
+  app.add_option("--device", o.device, "cpu, cuda, gpu or auto");
+  app.add_option("--precision", o.precision,
+                 "one of " + std::string(loom::precision::allowed_names));
+  app.add_option("--steps", o.steps, "optimizer steps the run plans (the schedule's length)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-steps", o.max_steps, "stop at this step (-1: at --steps); resume later");
+  app.add_option("--batch-size", o.batch_size, "windows per micro-batch")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--accumulate", o.accumulate, "micro-batches per optimizer step")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--block", o.block, "characters of context")->check(CLI::Range(2, 4096));
+  app.add_option("--width", o.width, "embedding width")->check(CLI::PositiveNumber);
+  app.add_option("--layers", o.layers, "transformer blocks")->check(CLI::PositiveNumber);
+  app.add_option("--heads", o.heads, "attention heads (dividing --width)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.lr, "AdamW's peak learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--warmup-steps", o.warmup_steps, "linear warm-up steps, then cosine to 0")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--clip", o.clip, "clip the gradient norm to this (0: no clipping)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--ema-decay", o.ema_decay, "decay of the weights' EMA")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--sample", o.sample, "characters to sample at the end (0: none)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--log-dir", o.log_dir,
+                 "log loss, grad norm, lr and throughput to DIR/char_lm/version_N/metrics.csv");
+  o.checkpoints.add_to(app, " (run again after --max-steps or a signal to continue)");
+  CLI11_PARSE(app, argc, argv);
+  if (o.width % o.heads != 0) {
+    std::fprintf(stderr, "char_lm: --heads %lld does not divide --width %lld\n",
+                 static_cast<long long>(o.heads), static_cast<long long>(o.width));
+    return 2;
+  }
+  if (o.warmup_steps >= o.steps) {
+    std::fprintf(stderr, "char_lm: --warmup-steps must be below --steps\n");
+    return 2;
+  }
+
+  try {
+    torch::manual_seed(0);
+    const Result r =
+        loom::with_runtime(o.device, o.precision, [&](auto& rt) { return train(rt, o); });
+    // Learned: well below the loss of guessing every character uniformly.
+    const bool learned = r.val_loss < r.uniform - 1.0;
+    std::printf("validation loss %.4f (EMA weights %.4f), uniform guess %.4f: %s\n", r.val_loss,
+                r.ema_val_loss, r.uniform, learned ? "learned" : "did NOT learn");
+    return learned ? 0 : 1;
+  } catch (const Stopped& s) {
+    return s.code;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "char_lm: %s\n", e.what());
+    return 2;
+  }
+}
