@@ -2,6 +2,7 @@
 // several inputs), the training's random stream untouched by the rerun, fewer saved
 // activations, and the errors.
 #include "support/catch.hpp"
+#include "support/dropout_mlp.hpp"
 #include "support/warnings.hpp"
 
 #include <algorithm>
@@ -9,67 +10,20 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <torch/nn/modules/activation.h>
-#include <torch/nn/modules/container/sequential.h>
-#include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/serialize.h>
 
 #include <loom/loom.hpp>
 #include <loom/nn/activation_checkpoint.hpp>
 
 namespace {
 
+using loom::testing::check_same_grads;
+using loom::testing::dropout_mlp_step;
+
 // 4 blocks of Linear-GELU-Dropout, then a head: 13 modules.
-torch::nn::Sequential make_mlp() {
-  torch::nn::Sequential s;
-  for (int i = 0; i < 4; ++i) {
-    s->push_back(torch::nn::Linear(16, 16));
-    s->push_back(torch::nn::GELU());
-    s->push_back(torch::nn::Dropout(0.25));
-  }
-  s->push_back(torch::nn::Linear(16, 3));
-  return s;
-}
-
-// Two models with the same weights.
+torch::nn::Sequential make_mlp() { return loom::testing::dropout_mlp(4, 16, 3); }
 std::pair<torch::nn::Sequential, torch::nn::Sequential> twins() {
-  torch::manual_seed(5);
-  auto a = make_mlp();
-  auto b = make_mlp();
-  torch::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < a->parameters().size(); ++i) {
-    b->parameters()[i].copy_(a->parameters()[i]);
-  }
-  return {a, b};
-}
-
-void same_grads(const torch::nn::Sequential& a, const torch::nn::Sequential& b) {
-  const auto pa = a->named_parameters(), pb = b->named_parameters();
-  REQUIRE(pa.size() == pb.size());
-  for (std::size_t i = 0; i < pa.size(); ++i) {
-    INFO(pa[i].key());
-    REQUIRE(pa[i].value().grad().defined());
-    REQUIRE(pb[i].value().grad().defined());
-    CHECK(at::equal(pa[i].value().grad(), pb[i].value().grad()));
-  }
-}
-
-// One step's gradients through a runtime, the model run plainly or in `segments` checkpointed
-// segments; returns the loss.
-template <class RT>
-at::Tensor backward_once(RT& rt, torch::nn::Sequential& model, int64_t segments,
-                         const at::Tensor& x) {
-  torch::manual_seed(99);  // the same dropout masks for both
-  at::Tensor out = rt.forward(
-      [&](const at::Tensor& in) {
-        return segments == 0 ? model->forward(in)
-                             : loom::checkpoint_sequential(model, segments, in);
-      },
-      x);
-  at::Tensor loss = out.square().mean();
-  rt.backward(loss, model);
-  return loss;
+  return loom::testing::dropout_mlp_twins(4, 16, 3);
 }
 
 template <class Precision>
@@ -80,12 +34,12 @@ void check_precision() {
   a.setup(plain);
   b.setup(ckpt);
   const at::Tensor x = at::randn({8, 16});
-  const at::Tensor la = backward_once(a, plain, 0, x);
+  const at::Tensor la = dropout_mlp_step(a, plain, 0, x);
   const at::Tensor after_plain = loom::device::get_rng_state();
-  const at::Tensor lb = backward_once(b, ckpt, 4, x);
+  const at::Tensor lb = dropout_mlp_step(b, ckpt, 4, x);
   CHECK(at::equal(la, lb));
   CHECK(at::equal(loom::device::get_rng_state(), after_plain));  // the rerun's draws are undone
-  same_grads(plain, ckpt);
+  check_same_grads(plain, ckpt);
 }
 
 }  // namespace
