@@ -182,6 +182,8 @@ case_hooks = simple_case("hooks", "hooks: buckets reduced per step k=1: 1 4 4; k
                          "k=4: 4 4 4 (each once), params equal",
                          "a counting user hook, k = 1, 2, 4, ")
 case_scaler = simple_case("scaler", "scaler: skipped together yes, state equal yes", "16-mixed, ")
+case_recompute = simple_case("recompute", "recompute: gradients equal the averaged plain ones yes",
+                             "activation checkpointing, 3 backwards, ")
 case_fp8 = simple_case("fp8", "fp8: scales equal yes, input scale 224.000000",
                        "fp8-mixed delayed scaling, ")
 
@@ -317,7 +319,7 @@ def case_cuda(worker, tmp, backend, world):
 CASES = {
     "train": case_train, "torchrun": case_torchrun, "nnodes": case_nnodes,
     "collectives": case_collectives, "no_sync": case_no_sync, "hooks": case_hooks, "join": case_join, "scaler": case_scaler,
-    "fp8": case_fp8,
+    "fp8": case_fp8, "recompute": case_recompute,
     "shapes": case_shapes, "unused": case_unused, "env": case_env, "port": case_port,
     "lone": case_lone,
     "kill": lambda w, t: case_fault(w, t, "kill"), "stop": lambda w, t: case_fault(w, t, "stop"),

@@ -3,7 +3,8 @@
 //
 //   loom_dist_worker <mode> [key=value ...]
 //
-// Modes: train, collectives, no_sync, hooks, join, scaler, fp8, fault, shapes, unused, parity, cuda
+// Modes: train, collectives, no_sync, hooks, join, scaler, fp8, fault, shapes, unused, recompute,
+// parity, cuda
 // (a GPU: backend=nccl|gloo, gpu=<index>). Every rank prints "rank R/W: ..." lines; a loom::Error
 // ends the rank with exit code 3 after printing "rank R/W: loom::Error: <what>".
 #include <unistd.h>
@@ -27,6 +28,7 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -36,6 +38,7 @@
 #include <loom/dist/ddp.hpp>
 #include <loom/dist/rank_zero.hpp>
 #include <loom/loom.hpp>
+#include <loom/nn/activation_checkpoint.hpp>
 
 namespace {
 
@@ -475,6 +478,50 @@ int run_shapes() {
   return 0;
 }
 
+/// Activation checkpointing under Ddp without static_graph or find_unused_parameters: a model
+/// with dropout checkpointed in 2 segments, 3 backwards; each time every gradient equals the
+/// plain local gradient of the same data and dropout masks, divided by the world size and
+/// summed over the ranks (what the reducer does), bit for bit.
+int run_recompute() {
+  auto make = [] {
+    torch::manual_seed(7);
+    return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::Tanh(),
+                                 torch::nn::Dropout(0.2), torch::nn::Linear(16, 16),
+                                 torch::nn::Tanh(), torch::nn::Dropout(0.2),
+                                 torch::nn::Linear(16, 4));
+  };
+  loom::Runtime<loom::Cpu, loom::Fp32, loom::Ddp> rt;
+  auto model = make();
+  rt.setup(model);
+  loom::Runtime<loom::Cpu, loom::Fp32> local;
+  auto ref = make();
+  local.setup(ref);
+  auto& s = rt.strategy();
+  const auto world = static_cast<double>(s.world_size());
+  bool same = true;
+  for (int step = 0; step < 3; ++step) {
+    torch::manual_seed(100 + 10 * s.rank() + step);
+    const auto x = torch::randn({8, 8});
+    torch::manual_seed(1000 + 10 * s.rank() + step);  // the dropout masks of this rank's step
+    const auto out = rt.forward(
+        [&](const torch::Tensor& in) { return loom::checkpoint_sequential(model, 2, in); }, x);
+    rt.backward(out.square().mean(), model);
+    torch::manual_seed(1000 + 10 * s.rank() + step);
+    local.backward(local.forward(ref, x).square().mean(), ref);
+    const auto got = model->parameters(), want = ref->parameters();
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      auto averaged = want[i].grad() / world;
+      s.all_reduce(averaged, loom::dist::ReduceOp::Sum);
+      same = same && got[i].grad().defined() && torch::equal(got[i].grad(), averaged);
+    }
+    model->zero_grad();
+    ref->zero_grad();
+  }
+  say(std::string("recompute: gradients equal the averaged plain ones ") + (same ? "yes" : "NO"));
+  rt.teardown();
+  return same ? 0 : 1;
+}
+
 int run_unused() {
   loom::DdpOptions o;
   o.find_unused_parameters = arg("find_unused", "0") == "1";
@@ -675,6 +722,7 @@ int main(int argc, char** argv) {
     if (mode == "fp8") return run_fp8();
     if (mode == "shapes") return run_shapes();
     if (mode == "unused") return run_unused();
+    if (mode == "recompute") return run_recompute();
     if (mode == "parity") return run_parity();
     if (mode == "cuda") return run_cuda();
     if (mode == "env") {
