@@ -7,13 +7,16 @@
 //   char_lm [--text FILE_OR_DIR ...] [--device cpu] [--precision 32-true] [--steps 600]
 //           [--max-steps N] [--batch-size 16] [--accumulate 2] [--block 64] [--width 64]
 //           [--layers 2] [--heads 4] [--lr 3e-3] [--warmup-steps 20] [--clip 1.0]
-//           [--ema-decay 0.99] [--log-dir DIR] [--checkpoint-dir DIR [--checkpoint-every 100]
+//           [--ema-decay 0.99] [--checkpoint-activations] [--log-dir DIR] [--checkpoint-dir DIR
+//           [--checkpoint-every 100]
 //           [--keep 3] [--async-save]] [--sample 200]
 //
 // --steps plans the run (the schedule anneals to 0 at --steps); --max-steps stops it earlier,
 // as a cluster's time limit would: run it again with the same --checkpoint-dir and it resumes
 // from the newest checkpoint, with the same bits as a run that never stopped (the batches of
 // step s are drawn from a generator seeded with s, so they do not depend on the RNG's past).
+// --checkpoint-activations runs every transformer block through loom::activation_checkpoint:
+// its activations are rebuilt in backward instead of kept, and training gives the same bits.
 // Ends with the validation loss of the trained weights and of their EMA, a sample of text from
 // the EMA weights, and "learned" when the validation loss fell well below the uniform guess's.
 #include <algorithm>
@@ -49,6 +52,7 @@
 #include <loom/loggers/csv_logger.hpp>
 #include <loom/loggers/progress_bar.hpp>
 #include <loom/loom.hpp>
+#include <loom/nn/activation_checkpoint.hpp>
 #include <loom/optim/ema.hpp>
 #include <loom/state/checkpoints.hpp>
 
@@ -72,6 +76,7 @@ struct Options {
   int64_t warmup_steps = 20;
   double clip = 1.0;
   double ema_decay = 0.99;
+  bool checkpoint_activations = false;
   int64_t sample = 200;
   std::string log_dir;
   examples::CheckpointFlags checkpoints;
@@ -189,9 +194,16 @@ struct CharLMImpl : torch::nn::Module {
     const at::Tensor causal =
         at::full({t, t}, -std::numeric_limits<float>::infinity(), ids.options().dtype(at::kFloat))
             .triu(1);
-    for (const auto& b : *blocks) x = b->as<BlockImpl>()->forward(x, causal);
+    for (const auto& b : *blocks) {
+      BlockImpl* block = b->as<BlockImpl>();
+      // Activation checkpointing: the block keeps only its input; backward runs it again.
+      x = recompute && is_training() ? loom::activation_checkpoint(block, x, causal)
+                                     : block->forward(x, causal);
+    }
     return head(ln(x)).transpose(0, 1);
   }
+
+  bool recompute = false;  // --checkpoint-activations
 
   torch::nn::Embedding tok, pos;
   torch::nn::ModuleList blocks;
@@ -288,6 +300,7 @@ Result train(RT& rt, const Options& o) {
   {
     [[maybe_unused]] auto init = rt.module_init_context();
     model = CharLM(vocab.size(), o.block, o.width, o.layers, o.heads);
+    model->recompute = o.checkpoint_activations;
   }
   // Weight decay on the matrices only (not on biases, LayerNorm or the embeddings), as GPT
   // trainers do: two parameter groups of one fused AdamW.
@@ -436,6 +449,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--clip", o.clip, "clip the gradient norm to this (0: no clipping)")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--checkpoint-activations", o.checkpoint_activations,
+               "rebuild each block's activations in backward (less memory, the same bits)");
   app.add_option("--ema-decay", o.ema_decay, "decay of the weights' EMA")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--sample", o.sample, "characters to sample at the end (0: none)")

@@ -190,6 +190,8 @@ requires std::invocable<Fn&, const Inputs&...> at::Tensor activation_checkpoint(
 }
 
 /// `module->forward(inputs...)` checkpointed: the module's parameters are the ones it uses.
+/// `module` (a holder, a shared_ptr or a pointer) is copied: backward reruns it after this
+/// call has returned, so a loop's local handle is fine; the module itself must live on.
 template <class M, class... Inputs>
 requires(!std::same_as<std::remove_cvref_t<M>, std::vector<at::Tensor>>) &&
     requires(M& m, const Inputs&... in) {
@@ -197,8 +199,8 @@ requires(!std::same_as<std::remove_cvref_t<M>, std::vector<at::Tensor>>) &&
 }
 at::Tensor activation_checkpoint(M& module, const Inputs&... inputs) {
   return activation_checkpoint(
-      module->parameters(), [&module](const auto&... in) { return module->forward(in...); },
-      inputs...);
+      module->parameters(),
+      [handle = module](const auto&... in) mutable { return handle->forward(in...); }, inputs...);
 }
 
 /// Python's torch.utils.checkpoint.checkpoint_sequential: `seq`'s modules in `segments`
@@ -213,9 +215,10 @@ inline at::Tensor checkpoint_sequential(torch::nn::Sequential& seq, int64_t segm
   }
   const int64_t size = n / segments;
   auto run = [&seq](int64_t first, int64_t last) {  // modules [first, last]
-    return [&seq, first, last](const at::Tensor& x) {
+    // A copy of the holder: backward reruns the segment after this call has returned.
+    return [held = seq, first, last](const at::Tensor& x) mutable {
       at::Tensor y = x;
-      for (int64_t i = first; i <= last; ++i) y = seq->begin()[i].forward(y);
+      for (int64_t i = first; i <= last; ++i) y = held->begin()[i].forward(y);
       return y;
     };
   };

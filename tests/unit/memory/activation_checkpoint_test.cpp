@@ -121,3 +121,20 @@ TEST_CASE("checkpoint_sequential refuses a segment count out of range", "[activa
   model->eval();  // one segment: nothing checkpointed, the plain forward
   CHECK(at::equal(loom::checkpoint_sequential(model, 1, x), model->forward(x)));
 }
+
+TEST_CASE("activation_checkpoint holds its own handle: a loop's local one may go",
+          "[activation_checkpoint]") {
+  torch::manual_seed(6);
+  torch::nn::Linear lin(4, 2);
+  const at::Tensor x = at::randn({3, 4});
+  at::Tensor out;
+  {
+    torch::nn::LinearImpl* local = lin.get();  // gone before backward reruns the forward
+    out = loom::activation_checkpoint(local, x);
+  }
+  out.sum().backward();
+  const at::Tensor g = lin->weight.grad().clone();
+  lin->zero_grad();
+  lin->forward(x).sum().backward();
+  CHECK(at::equal(g, lin->weight.grad()));
+}
