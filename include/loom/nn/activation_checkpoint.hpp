@@ -16,15 +16,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
-#include <ATen/Context.h>
-#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/ivalue.h>
@@ -33,6 +30,7 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include <loom/amp/autocast.hpp>
+#include <loom/device/rng.hpp>
 #include <loom/error.hpp>
 
 namespace loom {
@@ -53,38 +51,27 @@ struct RecomputeState : torch::CustomClassHolder {
   c10::ScalarType cpu_dtype = c10::kBFloat16, cuda_dtype = c10::kHalf;
 };
 
-inline at::Tensor generator_state(c10::Device device) {
-  at::Generator g = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(g.mutex());
-  return g.get_state();
-}
-
-inline void set_generator_state(c10::Device device, const at::Tensor& state) {
-  at::Generator g = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(g.mutex());
-  g.set_state(state);
-}
-
 /// Sets the generators to the forward's states while alive, then back to where they were:
 /// the recomputation's draws leave the training's random stream untouched.
 class ForkedRng {
  public:
   explicit ForkedRng(const RecomputeState& s) : device_(s.cuda_device) {
-    cpu_ = generator_state(c10::Device(c10::kCPU));
-    set_generator_state(c10::Device(c10::kCPU), s.cpu_rng);
+    cpu_ = loom::device::get_rng_state(c10::Device(c10::kCPU));
+    loom::device::set_rng_state(s.cpu_rng, c10::Device(c10::kCPU), kWho);
     if (device_) {
-      cuda_ = generator_state(*device_);
-      set_generator_state(*device_, s.cuda_rng);
+      cuda_ = loom::device::get_rng_state(*device_);
+      loom::device::set_rng_state(s.cuda_rng, *device_, kWho);
     }
   }
   ~ForkedRng() {
-    set_generator_state(c10::Device(c10::kCPU), cpu_);
-    if (device_) set_generator_state(*device_, cuda_);
+    loom::device::set_rng_state(cpu_, c10::Device(c10::kCPU), kWho);
+    if (device_) loom::device::set_rng_state(cuda_, *device_, kWho);
   }
   ForkedRng(const ForkedRng&) = delete;
   ForkedRng& operator=(const ForkedRng&) = delete;
 
  private:
+  static constexpr const char* kWho = "loom::activation_checkpoint";
   std::optional<c10::Device> device_;
   at::Tensor cpu_, cuda_;
 };
@@ -97,11 +84,11 @@ struct RecomputeNode : torch::autograd::Function<RecomputeNode> {
                             const c10::intrusive_ptr<RecomputeState>& state,
                             at::TensorList tensors) {
     RecomputeState& s = *state;
-    s.cpu_rng = generator_state(c10::Device(c10::kCPU));
+    s.cpu_rng = loom::device::get_rng_state(c10::Device(c10::kCPU));
     for (std::size_t i = 0; i < s.n_inputs; ++i) {
       if (tensors[i].defined() && tensors[i].is_cuda()) {
         s.cuda_device = tensors[i].device();
-        s.cuda_rng = generator_state(*s.cuda_device);
+        s.cuda_rng = loom::device::get_rng_state(*s.cuda_device);
         break;
       }
     }
