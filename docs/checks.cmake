@@ -291,6 +291,8 @@ elseif(CHECK STREQUAL "links")
     string(REPLACE ";" "<:s:>" text "${text}")
     string(REPLACE "[" "<:l:>" text "${text}")
     string(REPLACE "]" "<:r:>" text "${text}")
+    # A C++ lambda's introducer, [&](args) or [=](args), is no link.
+    string(REGEX REPLACE "<:l:>[&=]<:r:>\\(" "lambda(" text "${text}")
     # [text](target) and ![alt](target), without web addresses and in-page anchors.
     string(REGEX MATCHALL "<:r:>\\([^)# ]+[)#]" links "${text}")
     foreach(link IN LISTS links)

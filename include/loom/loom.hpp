@@ -33,6 +33,7 @@
 #include <loom/dist/defaults.hpp>
 #include <loom/dist/rank_zero.hpp>
 #include <loom/dist/single_process.hpp>
+#include <loom/dist/zero.hpp>
 #include <loom/error.hpp>
 #include <loom/fp8/delayed.hpp>
 #include <loom/fp8/linear.hpp>
@@ -45,6 +46,7 @@
 #include <loom/loggers/monitors.hpp>
 #include <loom/loggers/progress_bar.hpp>
 #include <loom/loggers/tensorboard_logger.hpp>
+#include <loom/nn/activation_checkpoint.hpp>
 #include <loom/optim/adam.hpp>
 #include <loom/optim/chained_scheduler.hpp>
 #include <loom/optim/cosine_annealing_lr.hpp>

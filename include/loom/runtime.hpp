@@ -15,11 +15,13 @@
 //   8         s.backward(l, [&] { p.backward(l, module); }); p.post_backward(l, module)
 //                                                        gradients reduced      dist/, amp/
 //   unscale   p.unscale_gradients(opt)                   undo loss scaling      precision/, amp/
-//   clip      p.clip_gradients(opt, ...)                 unscales first         precision/
+//   clip      s.clip_gradients(opt, max, type, [&](m) { return p.clip_gradients(opt, m, ..); })
+//                                                        unscales first         precision/
 //   9         s.all_reduce(p.max_reduced_before_step(), Max) (if defined, world > 1)
 //                                                        fp8 delayed scaling    dist/
-//             applied = p.optimizer_step(opt)            may skip on inf/nan    precision/, amp/
-//             (several: p.optimizer_steps({o1, o2}), one scaler update)
+//             applied = s.optimizer_step({opt}, unscale, [&] { return p.optimizer_step(opt); })
+//                                                        may skip on inf/nan    precision/, amp/
+//             (several: p.optimizer_steps({o1, o2}), one scaler update)   Zero: shard, gather
 //   state     d, p, s state_dict (prefixed)              and load_state_dict    all three
 //   save      rt.save(path, state): every rank builds the value (device states gathered),
 //             s.save_checkpoint(path, value, io): Ddp: rank 0 writes     state/, dist/
@@ -212,7 +214,10 @@ class Runtime {
   /// until read (StepResult): the step itself makes no host sync.
   StepResult optimizer_step(torch::optim::Optimizer& optimizer) {
     agree_before_step();
-    return precision_.optimizer_step(optimizer);
+    const std::reference_wrapper<torch::optim::Optimizer> one[] = {optimizer};
+    return strategy_.optimizer_step(
+        Optimizers(one), [&] { precision_.unscale_gradients(optimizer); },
+        [&] { return StepResult(precision_.optimizer_step(optimizer)); });
   }
 
   /// One step of several optimizers that share the backward (a GAN's generator and
@@ -225,7 +230,12 @@ class Runtime {
   std::vector<StepResult> optimizer_step(Optimizers optimizers) {
     check_distinct(optimizers);
     agree_before_step();
-    return precision_.optimizer_steps(optimizers);
+    return strategy_.optimizer_step(
+        optimizers,
+        [&] {
+          for (torch::optim::Optimizer& o : optimizers) precision_.unscale_gradients(o);
+        },
+        [&] { return precision_.optimizer_steps(optimizers); });
   }
   /// `rt.optimizer_step({o1, o2})`.
   std::vector<StepResult> optimizer_step(
@@ -244,8 +254,11 @@ class Runtime {
   /// a gradient is not finite the norm is nan (a 16-mixed overflow step: the step then skips).
   double clip_gradients(torch::optim::Optimizer& optimizer, double max_norm,
                         double norm_type = 2.0) {
-    return precision_.clip_gradients(optimizer, max_norm, precision::ClipAlgorithm::Norm,
-                                     norm_type);
+    if (max_norm <= 0) return 0.0;
+    return strategy_.clip_gradients(optimizer, max_norm, norm_type, [&](double threshold) {
+      return precision_.clip_gradients(optimizer, threshold, precision::ClipAlgorithm::Norm,
+                                       norm_type);
+    });
   }
 
   /// Clips every gradient element of the optimizer's parameters to [-value, value] (nothing

@@ -44,6 +44,7 @@
 #include <loom/error.hpp>
 
 #include "backends.hpp"
+#include "ddp_state.hpp"
 
 namespace loom::dist {
 namespace {
@@ -192,50 +193,6 @@ Environment read_environment() {
                        .value_or(0);
   return e;
 }
-
-namespace detail {
-
-struct DdpState {
-  DdpOptions options;
-  Environment env;
-  std::string backend;
-  c10::DeviceType device_type = c10::kCPU;
-  c10::Device device{c10::kCPU};  // setup's device: where collectives of loom's own tensors run
-  c10::intrusive_ptr<c10d::ProcessGroup> group;
-  std::shared_ptr<c10d::Reducer> reducer;
-  std::shared_ptr<c10d::Logger> logger;
-  torch::nn::Module* module = nullptr;
-  bool sync = true;                      // false while a NoSyncGuard lives
-  bool delay_all_reduce_queued = false;  // static_graph: the first backward's all-reduce
-  bool forward_param_sync = true;        // Python's require_forward_param_sync
-  bool joining = false;                  // inside a JoinGuard's scope
-  JoinOptions join_options;
-  bool failed = false;
-  bool torn_down = false;
-
-  /// Drops the group and the reducer without destroying them: after a failed collective,
-  /// ~ProcessGroupGloo would wait for work that never completes.
-  void abandon() {
-    if (group) {
-      try {
-        group->abort();
-      } catch (...) {
-      }
-      (void)group.release();
-    }
-    if (logger) new std::shared_ptr<c10d::Logger>(std::move(logger));
-    if (reducer) new std::shared_ptr<c10d::Reducer>(std::move(reducer));
-  }
-
-  /// In order: the Logger holds the Reducer, the Reducer the group.
-  void release() {
-    logger.reset();
-    reducer.reset();
-    group.reset();
-  }
-};
-
-}  // namespace detail
 
 NoSyncGuard::NoSyncGuard(detail::DdpState* state)
     : state_(state), previous_(state ? state->sync : true) {
@@ -598,7 +555,7 @@ void Ddp::setup(torch::nn::Module& module, c10::Device device, std::string_view 
   connect_process_group(s, connect_store(s), device);
   check_same_parameters_on_every_rank(s, reduced.params);
   broadcast_module_state(s, module, 0);
-  build_reducer(s, std::move(reduced));
+  if (s.reduce_gradients) build_reducer(s, std::move(reduced));
 }
 
 namespace {

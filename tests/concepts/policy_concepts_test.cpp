@@ -6,6 +6,7 @@
 #include "support/catch.hpp"
 
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
 #include <loom/loom.hpp>
 
@@ -68,6 +69,20 @@ struct RecordingStrategy : dist::Defaults<RecordingStrategy> {
     step();
     log->push_back("backward ends");
   }
+  template <class Unscale, class Step>
+  auto optimizer_step(Optimizers optimizers, Unscale&& unscale, Step&& step) {
+    log->push_back("optimizer_step of " + std::to_string(optimizers.size()));
+    unscale();
+    auto result = step();
+    log->push_back("optimizer_step ends");
+    return result;
+  }
+  template <class Clip>
+  double clip_gradients(torch::optim::Optimizer&, double max_norm, double norm_type, Clip&& clip) {
+    log->push_back("clip " + std::to_string(static_cast<int>(max_norm)) + " norm " +
+                   std::to_string(static_cast<int>(norm_type)));
+    return clip(max_norm);
+  }
   void teardown() { log->push_back("strategy teardown"); }
 };
 
@@ -122,6 +137,22 @@ TEST_CASE("Runtime calls the strategy's hooks in the step table's order", "[runt
   CHECK(log[log.size() - 2] == "backward begins");
   REQUIRE(model->weight.grad().defined());  // the precision's backward ran inside
   CHECK(model->weight.grad().sum().item<float>() == 24.0f);
+  // The clip and the step go through the strategy, which runs the precision's inside.
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.5));
+  torch::optim::SGD other(std::vector<torch::Tensor>{torch::zeros({1}, torch::requires_grad())},
+                          torch::optim::SGDOptions(0.5));
+  const double norm = rt.clip_gradients(sgd, 1000.0, 1.0);
+  CHECK(log.back() == "clip 1000 norm 1");
+  CHECK(norm == Approx(4.0 * 3 * 2 + 4.0 * 2));  // |grad| sums: weight 24, bias 8
+  CHECK(rt.clip_gradients(sgd, 0.0) == 0.0);     // nothing to clip: the strategy is not asked
+  CHECK(log.back() == "clip 1000 norm 1");
+  const auto before = model->weight.detach().clone();
+  CHECK(rt.optimizer_step(sgd).applied());
+  CHECK(log[log.size() - 2] == "optimizer_step of 1");
+  CHECK(log.back() == "optimizer_step ends");
+  CHECK(torch::allclose(model->weight.detach(), before - 0.5 * model->weight.grad()));
+  CHECK(rt.optimizer_step({sgd, other}).size() == 2);
+  CHECK(log[log.size() - 2] == "optimizer_step of 2");
   rt.teardown();
   CHECK(log.back() == "strategy teardown");
   CHECK(rt.strategy().rank() == 0);

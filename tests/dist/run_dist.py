@@ -309,11 +309,12 @@ def case_parity(worker, tmp):
     return "see above"
 
 
-def case_cuda(worker, tmp, backend, world):
-    res, t = run_ranks(worker, "cuda", world, 300, tmp, backend=backend, gpu=0)
-    expect(res, 0, f"cuda {backend}: params on cuda:0, equal at setup yes, after 5 steps yes, "
+def case_cuda(worker, tmp, backend, world, zero=0):
+    res, t = run_ranks(worker, "cuda", world, 300, tmp, backend=backend, gpu=0, zero=zero)
+    name = backend + (f" zero{zero}" if zero else "")
+    expect(res, 0, f"cuda {name}: params on cuda:0, equal at setup yes, after 5 steps yes, "
            "all_reduce ok")
-    return f"{world} rank(s), {backend} on one GPU, {t:.1f} s"
+    return f"{world} rank(s), {name} on one GPU, {t:.1f} s"
 
 
 CASES = {
@@ -326,6 +327,7 @@ CASES = {
     "parity": case_parity,
     "cuda_nccl": lambda w, t: case_cuda(w, t, "nccl", 1),
     "cuda_gloo": lambda w, t: case_cuda(w, t, "gloo", 2),
+    "cuda_zero": lambda w, t: case_cuda(w, t, "nccl", 1, zero=2),
 }
 
 

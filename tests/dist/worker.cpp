@@ -4,7 +4,7 @@
 //   loom_dist_worker <mode> [key=value ...]
 //
 // Modes: train, collectives, no_sync, hooks, join, scaler, fp8, fault, shapes, unused, recompute,
-// parity, cuda
+// parity, zero, cuda
 // (a GPU: backend=nccl|gloo, gpu=<index>). Every rank prints "rank R/W: ..." lines; a loom::Error
 // ends the rank with exit code 3 after printing "rank R/W: loom::Error: <what>".
 #include <unistd.h>
@@ -37,6 +37,7 @@
 #include <loom/dist/collectives.hpp>
 #include <loom/dist/ddp.hpp>
 #include <loom/dist/rank_zero.hpp>
+#include <loom/dist/zero.hpp>
 #include <loom/loom.hpp>
 #include <loom/nn/activation_checkpoint.hpp>
 
@@ -555,16 +556,15 @@ int run_unused() {
 
 /// Training on a CUDA device: NCCL (one rank per GPU) or gloo on CUDA tensors (several ranks
 /// may share a GPU).
-int run_cuda() {
-  loom::DdpOptions o;
-  o.backend = arg("backend", "nccl");
-  o.timeout = std::chrono::milliseconds(iarg("timeout_ms", 120000));
-  using R = loom::Runtime<loom::Cuda, loom::Fp32, loom::Ddp>;
-  R rt(loom::Cuda(static_cast<c10::DeviceIndex>(iarg("gpu", 0))), loom::Fp32{}, loom::Ddp(o));
+template <class S>
+int run_cuda_with(S strategy) {
+  using R = loom::Runtime<loom::Cuda, loom::Fp32, S>;
+  R rt(loom::Cuda(static_cast<c10::DeviceIndex>(iarg("gpu", 0))), loom::Fp32{},
+       std::move(strategy));
   auto& s = rt.strategy();
   torch::manual_seed(s.rank() + 1);
   auto model = mlp(8, 64, 4);
-  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  loom::optim::AdamW opt(model->parameters(), loom::optim::AdamWOptions(0.01));  // fused
   rt.setup(model, opt);
   const bool start_equal = same_on_all_ranks(s, flat_params(*model));
   for (int step = 0; step < 5; ++step) {
@@ -573,17 +573,37 @@ int run_cuda() {
     auto y = rt.to_device(torch::randint(0, 4, {16}, torch::kLong));
     opt.zero_grad();
     rt.backward(torch::nn::functional::cross_entropy(rt.forward(model, x), y), model);
+    rt.clip_gradients(opt, 1.0);
     rt.optimizer_step(opt);
   }
-  auto t = torch::ones({3}, torch::TensorOptions().device(rt.device().device()));
+  at::Tensor t = torch::ones({3}, torch::TensorOptions().device(rt.device().device()));
   s.all_reduce(t, loom::dist::ReduceOp::Sum);
   const bool sum_ok = t.sum().item<float>() == 3.0f * static_cast<float>(s.world_size());
   const bool end_equal = same_on_all_ranks(s, flat_params(*model));
-  say("cuda " + std::string(s.backend()) + ": params on " + model->parameters()[0].device().str() +
+  std::string backend;
+  if constexpr (std::is_same_v<S, loom::Zero>) {
+    backend = std::string(s.ddp().backend()) + " zero" + std::to_string(s.stage());
+  } else {
+    backend = std::string(s.backend());
+  }
+  say("cuda " + backend + ": params on " + model->parameters()[0].device().str() +
       ", equal at setup " + (start_equal ? "yes" : "NO") + ", after 5 steps " +
       (end_equal ? "yes" : "NO") + ", all_reduce " + (sum_ok ? "ok" : "WRONG"));
   rt.teardown();
   return start_equal && end_equal && sum_ok ? 0 : 1;
+}
+
+int run_cuda() {
+  loom::DdpOptions o;
+  o.backend = arg("backend", "nccl");
+  o.timeout = std::chrono::milliseconds(iarg("timeout_ms", 120000));
+  if (const int stage = iarg("zero", 0); stage > 0) {
+    loom::ZeroOptions z;
+    z.stage = stage;
+    z.ddp = o;
+    return run_cuda_with(loom::Zero(z));
+  }
+  return run_cuda_with(loom::Ddp(o));
 }
 
 /// Reads `n` values of T from a raw little-endian file.
@@ -696,6 +716,110 @@ int run_parity() {
   throw loom::Error("worker: parity runs 32-true, bf16-mixed or 16-mixed, not " + p);
 }
 
+/// The loom side of the ZeRO tests (tests/dist/zero_parity.py writes the inputs, runs Python's
+/// DistributedDataParallel + ZeroRedundancyOptimizer(AdamW, fused=True) and compares): an MLP
+/// 8-32-32-4 trained by fused AdamW under Ddp (stage=0) or Zero (stage=1, 2). Step i takes
+/// rows [8i, 8i + 8) of x.bin, each rank its contiguous part; `accumulate` micro-batches;
+/// `clip` > 0 clips the norm; `load` resumes from a checkpoint at step `start`; `save_at`
+/// writes one to `save`. Writes <tag>_rank<r>.bin (the final parameters) and .scaler.
+template <class P, class S>
+int run_zero_with(S strategy) {
+  const std::string dir = arg("dir", ".");
+  const int steps = iarg("steps", 20), k = iarg("accumulate", 1), start = iarg("start", 0);
+  const int save_at = iarg("save_at", -1), global = 8;
+  const double clip = std::stod(arg("clip", "0"));
+  auto rt = [&] {
+    if constexpr (std::is_same_v<P, loom::Fp16Mixed>) {
+      loom::amp::GradScalerOptions o;
+      o.init_scale = std::stod(arg("init_scale", "1024"));
+      o.growth_interval = iarg("growth_interval", 2000);
+      return loom::Runtime<loom::Cpu, P, S>(loom::Cpu(), P(o), std::move(strategy));
+    } else {
+      return loom::Runtime<loom::Cpu, P, S>(loom::Cpu(), P(), std::move(strategy));
+    }
+  }();
+  auto& s = rt.strategy();
+  torch::nn::Sequential model(torch::nn::Linear(8, 32), torch::nn::Tanh(),
+                              torch::nn::Linear(32, 32), torch::nn::Tanh(),
+                              torch::nn::Linear(32, 4));
+  {
+    torch::NoGradGuard g;
+    auto init = read_raw<float>(dir + "/init.bin", 8 * 32 + 32 + 32 * 32 + 32 + 32 * 4 + 4);
+    std::size_t at = 0;
+    for (auto& p : model->parameters()) {
+      p.copy_(torch::from_blob(init.data() + at, p.sizes(), torch::kFloat));
+      at += static_cast<std::size_t>(p.numel());
+    }
+  }
+  const int n = iarg("samples", 0);
+  auto xs = read_raw<float>(dir + "/x.bin", static_cast<std::size_t>(n) * 8);
+  auto ys = read_raw<std::int64_t>(dir + "/y.bin", static_cast<std::size_t>(n));
+  auto X = torch::from_blob(xs.data(), {n, 8}, torch::kFloat).clone();
+  auto Y = torch::from_blob(ys.data(), {n}, torch::kLong).clone();
+  loom::optim::AdamW opt(model->parameters(), loom::optim::AdamWOptions(1e-2).weight_decay(0.01));
+  rt.setup(model, opt);
+  loom::State state{{"model", model}, {"optimizer", opt}, {"runtime", rt}};
+  if (const auto from = arg("load", ""); !from.empty()) {
+    // The weights and the optimizer's state; the runtime's entry holds every rank's RNG of the
+    // run that saved, for that world size only.
+    rt.load(from, loom::State{{"model", model}, {"optimizer", opt}});
+  }
+  const int world = s.world_size(), per = global / world;
+  for (int step = start; step < steps; ++step) {
+    opt.zero_grad();
+    auto x = X.narrow(0, step * global + s.rank() * per, per);
+    auto y = Y.narrow(0, step * global + s.rank() * per, per);
+    auto xm = x.tensor_split(k), ym = y.tensor_split(k);
+    for (int j = 0; j < k; ++j) {
+      auto scope = rt.no_backward_sync(model, j + 1 < k);
+      auto loss = torch::nn::functional::cross_entropy(
+          rt.forward(model, xm[static_cast<std::size_t>(j)]), ym[static_cast<std::size_t>(j)]);
+      rt.backward(k > 1 ? loss / k : loss, model);
+    }
+    if (clip > 0) rt.clip_gradients(opt, clip);
+    rt.optimizer_step(opt);
+    if (step + 1 == save_at) rt.save(arg("save", dir + "/zero.pt"), state);
+  }
+  if constexpr (std::is_same_v<S, loom::Zero>) {
+    const auto m = s.memory(opt);
+    say("zero memory: stage " + std::to_string(s.stage()) + " parameters " +
+        std::to_string(m.parameters) + " gradients " + std::to_string(m.gradients) +
+        " optimizer_state " + std::to_string(m.optimizer_state));
+  }
+  const std::string name = dir + "/" + arg("tag", "loom") + "_rank" + std::to_string(s.rank());
+  auto flat = flat_params(*model).contiguous();
+  std::ofstream out(name + ".bin", std::ios::binary);
+  out.write(reinterpret_cast<const char*>(flat.data_ptr<float>()),
+            static_cast<std::streamsize>(flat.numel() * 4));
+  if constexpr (std::is_same_v<P, loom::Fp16Mixed>) {
+    const auto& scaler = rt.precision().scaler();
+    std::ofstream(name + ".scaler")
+        << std::to_string(scaler.get_scale()) << " " << scaler.get_growth_tracker();
+  }
+  say("zero: wrote " + std::to_string(flat.numel()) + " parameters, params " +
+      (same_on_all_ranks(s, flat) ? "equal" : "DIFFER") + " on every rank");
+  rt.teardown();
+  return 0;
+}
+
+template <class P>
+int run_zero_precision() {
+  const int stage = iarg("stage", 1);
+  if (stage == 0) return run_zero_with<P>(loom::Ddp());
+  loom::ZeroOptions o;
+  o.stage = stage;
+  o.bucket_bytes = static_cast<std::size_t>(iarg("bucket_bytes", 25 << 20));
+  return run_zero_with<P>(loom::Zero(o));
+}
+
+int run_zero() {
+  const auto p = arg("precision", "32-true");
+  if (p == "32-true") return run_zero_precision<loom::Fp32>();
+  if (p == "bf16-mixed") return run_zero_precision<loom::Bf16Mixed>();
+  if (p == "16-mixed") return run_zero_precision<loom::Fp16Mixed>();
+  throw loom::Error("worker: zero runs 32-true, bf16-mixed or 16-mixed, not " + p);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -724,6 +848,7 @@ int main(int argc, char** argv) {
     if (mode == "unused") return run_unused();
     if (mode == "recompute") return run_recompute();
     if (mode == "parity") return run_parity();
+    if (mode == "zero") return run_zero();
     if (mode == "cuda") return run_cuda();
     if (mode == "env") {
       const std::string hook = arg("hook", "none");

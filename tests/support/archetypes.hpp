@@ -171,6 +171,16 @@ struct StrategyArchetype {
                                                                    s_strategy_has_all_gather) {
     return {t};
   }
+  template <class Unscale, class Step>
+  auto optimizer_step(Optimizers, Unscale&&,
+                      Step&& step) requires(Missing != s_strategy_has_optimizer_step) {
+    return step();
+  }
+  template <class Clip>
+  double clip_gradients(torch::optim::Optimizer&, double max_norm, double,
+                        Clip&& clip) requires(Missing != s_strategy_has_clip_gradients) {
+    return clip(max_norm);
+  }
   void save_checkpoint(
       const std::filesystem::path& p, const c10::IValue& v,
       const checkpoint::CheckpointIO& io) requires(Missing != s_strategy_has_save_checkpoint) {

@@ -31,6 +31,8 @@ namespace loom {
 ///   s.all_reduce(t, op)      void (t in place)         nothing (one process: t is the result)
 ///   s.broadcast(t, src)      void (t in place)         nothing; src must be 0
 ///   s.all_gather(t)          std::vector<Tensor>       {t.clone()}
+///   s.optimizer_step(os, unscale, step)  step()'s      step()
+///   s.clip_gradients(o, max, type, clip)  double       clip(max)
 ///   s.save_checkpoint(path, v, io)  void               io.save(path, v): it writes
 ///   s.load_checkpoint(path, io, dev)  c10::IValue      io.load(path, dev): it reads
 ///   + Checkpointable<S>: state_dict {}, load_state_dict (non-empty: loom::Error), teardown
@@ -43,7 +45,7 @@ namespace loom {
 /// teardown between the precision's and the device's. Minimal complete definition, on
 /// dist::Defaults<S>: `S::strategy()`. Laws: every rank calls the collectives in the same order;
 /// after backward every rank holds the same gradients unless a no_sync() guard is alive. Models:
-/// dist::SingleProcess, dist::Ddp. Page: docs/concepts/strategy.md
+/// dist::SingleProcess, dist::Ddp, dist::Zero. Page: docs/concepts/strategy.md
 template <class S>
 concept StrategyPolicy =
     true LOOM_DETAIL_STRATEGY_ROWS(LOOM_DETAIL_ROW_AND, S) && Checkpointable<S>;

@@ -15,9 +15,13 @@
 #include <loom/detail/checkpointable_rows.hpp>
 #include <loom/detail/meta.hpp>
 #include <loom/detail/rows.hpp>
+#include <loom/step_result.hpp>
 
 namespace torch::nn {
 class Module;
+}
+namespace torch::optim {
+class Optimizer;
 }
 namespace loom::dist {
 enum class ReduceOp : int;  // defined with its concept, concepts/strategy.hpp
@@ -32,6 +36,20 @@ namespace loom::detail {
 /// The least the step a strategy's backward runs must be: called once, with no arguments.
 struct backward_step_archetype {
   void operator()() const {}
+};
+
+/// The least the unscale callable a strategy's optimizer_step gets must be.
+struct unscale_archetype {
+  void operator()() const {}
+};
+/// The least the precision's step a strategy's optimizer_step runs must be.
+struct optimizer_step_archetype {
+  std::vector<StepResult> operator()() const { return {}; }
+};
+/// The least the precision's clip a strategy's clip_gradients runs must be: the norm before
+/// clipping at a given threshold.
+struct clip_archetype {
+  double operator()(double) const { return 0.0; }
 };
 
 template <class S>
@@ -91,6 +109,16 @@ concept strategy_has_all_gather = requires(S& s, const at::Tensor& t) {
 };
 
 template <class S>
+concept strategy_has_optimizer_step = requires(S& s, Optimizers o, unscale_archetype unscale,
+                                               optimizer_step_archetype step) {
+  { s.optimizer_step(o, unscale, step) } -> std::same_as<std::vector<StepResult>>;
+};
+template <class S>
+concept strategy_has_clip_gradients = requires(S& s, torch::optim::Optimizer& o, double max_norm,
+                                               double norm_type, clip_archetype clip) {
+  { s.clip_gradients(o, max_norm, norm_type, clip) } -> std::same_as<double>;
+};
+template <class S>
 concept strategy_has_save_checkpoint = requires(S& s, const std::filesystem::path& p,
                                                 const c10::IValue& v,
                                                 const checkpoint::CheckpointIO& io) {
@@ -122,6 +150,12 @@ concept strategy_has_load_checkpoint = requires(S& s, const std::filesystem::pat
   X(__VA_ARGS__, strategy_has_broadcast, "`void broadcast(torch::Tensor&, int src)`")           \
   X(__VA_ARGS__, strategy_has_all_gather,                                                       \
     "`std::vector<torch::Tensor> all_gather(const torch::Tensor&)`")                            \
+  X(__VA_ARGS__, strategy_has_optimizer_step,                                                   \
+    "`R optimizer_step(loom::Optimizers, Unscale&& unscale, Step&& step)` that returns "        \
+    "step()'s R")                                                                               \
+  X(__VA_ARGS__, strategy_has_clip_gradients,                                                   \
+    "`double clip_gradients(torch::optim::Optimizer&, double max_norm, double norm_type, "      \
+    "Clip&& clip)`")                                                                            \
   X(__VA_ARGS__, strategy_has_save_checkpoint,                                                  \
     "`void save_checkpoint(const std::filesystem::path&, const c10::IValue&, "                  \
     "const loom::checkpoint::CheckpointIO&)`")                                                  \

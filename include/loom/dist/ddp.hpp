@@ -22,9 +22,13 @@
 #include <loom/checkpoint/checkpoint_io.hpp>
 #include <loom/concepts/strategy.hpp>
 #include <loom/state/state_dict.hpp>
+#include <loom/step_result.hpp>
 
 namespace torch::nn {
 class Module;
+}
+namespace torch::optim {
+class Optimizer;
 }
 namespace c10d {
 class CommHookInterface;
@@ -149,7 +153,8 @@ struct DdpOptions {
 
 namespace detail {
 struct DdpState;
-}
+struct DdpAccess;  // loom::Zero's view of the Ddp it builds on (src/dist/)
+}  // namespace detail
 
 /// Restores gradient synchronization when it goes out of scope (Ddp::no_sync()).
 class NoSyncGuard {
@@ -273,6 +278,19 @@ class Ddp {
   std::string broadcast_object(const std::string& value, int src);
   StateDict broadcast_object(const StateDict& value, int src);
 
+  /// The precision's step, as on one process: every rank holds the averaged gradients and
+  /// steps every parameter.
+  template <class Unscale, class Step>
+  auto optimizer_step(Optimizers, Unscale&&, Step&& step) {
+    return std::forward<Step>(step)();
+  }
+  /// The precision's clip: every rank holds every averaged gradient, so its norm is the
+  /// global one.
+  template <class Clip>
+  double clip_gradients(torch::optim::Optimizer&, double max_norm, double, Clip&& clip) {
+    return std::forward<Clip>(clip)(max_norm);
+  }
+
   /// rt.save: rank 0 writes through `io`; every rank returns once the file is written, and a
   /// failed write is a loom::Error on every rank (rank 0's message there, elsewhere one naming
   /// the file).
@@ -290,6 +308,7 @@ class Ddp {
 
  private:
   friend class JoinGuard;
+  friend struct detail::DdpAccess;
   void prepare_backward(const at::Tensor& loss);
   /// JoinGuard's end: the shadowing loop, then the last joiner's state on every rank.
   void finish_join();

@@ -2,6 +2,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -14,9 +15,13 @@
 #include <loom/error.hpp>
 #include <loom/guards.hpp>
 #include <loom/state/state_dict.hpp>
+#include <loom/step_result.hpp>
 
 namespace torch::nn {
 class Module;
+}
+namespace torch::optim {
+class Optimizer;
 }
 
 namespace loom::dist {
@@ -69,6 +74,22 @@ struct Defaults {
   StateDict broadcast_object(const StateDict& value, int src) {
     broadcast_source(src);
     return value;
+  }
+
+  /// Runs `step`, the precision's optimizer step of `optimizers`, and returns what it returns.
+  /// A strategy that changes what an optimizer sees (loom::Zero: each rank steps its shard)
+  /// first calls `unscale`, the precision's unscale_gradients for each optimizer (16-mixed: the
+  /// inf check then covers every gradient), and gathers the updated parameters afterwards.
+  template <class Unscale, class Step>
+  auto optimizer_step(Optimizers, Unscale&&, Step&& step) {
+    return std::forward<Step>(step)();
+  }
+  /// Runs `clip(max_norm)`, the precision's clip of the optimizer's gradients (unscaled first),
+  /// which returns the total norm before clipping. A strategy whose ranks hold different
+  /// gradients (loom::Zero stage 2: each its shard's) makes the norm the one over all ranks.
+  template <class Clip>
+  double clip_gradients(torch::optim::Optimizer&, double max_norm, double, Clip&& clip) {
+    return std::forward<Clip>(clip)(max_norm);
   }
 
   /// Writes a checkpoint's value through `io` (rt.save). One process: it writes. A distributed

@@ -1,0 +1,440 @@
+#include <loom/dist/zero.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/core/Dict.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/util/StringUtil.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+
+#include <loom/amp/grad_scaler.hpp>
+#include <loom/error.hpp>
+#include <loom/optim/optimizer_table.hpp>
+
+#include "ddp_state.hpp"
+
+namespace loom::dist {
+
+namespace detail {
+
+struct ZeroState {
+  torch::nn::Module* module = nullptr;
+  std::vector<at::Tensor> params;  // the module's parameters that require a gradient
+  std::vector<int> owners;         // each one's owner
+  std::unordered_map<const void*, int> owner_of;
+  std::vector<std::vector<at::Tensor>> shards;  // each rank's, largest first (Python's order)
+};
+
+}  // namespace detail
+
+namespace {
+
+using detail::DdpAccess;
+
+/// Whether a checkpoint value is an optimizer's state in Python's layout.
+bool is_optimizer_entry(const c10::IValue& v) {
+  if (!v.isGenericDict()) return false;
+  const auto d = v.toGenericDict();
+  return d.size() == 2 && d.contains("state") && d.contains("param_groups");
+}
+
+/// The buckets of one rank's shard: runs of one dtype up to `cap` bytes (one tensor may exceed
+/// it alone).
+std::vector<std::vector<at::Tensor>> buckets_of(const std::vector<at::Tensor>& params,
+                                                std::size_t cap) {
+  std::vector<std::vector<at::Tensor>> out;
+  std::size_t bytes = 0;
+  for (const auto& p : params) {
+    const auto n = p.numel() * static_cast<std::int64_t>(p.element_size());
+    if (out.empty() || out.back().front().scalar_type() != p.scalar_type() ||
+        (bytes + static_cast<std::size_t>(n) > cap && !out.back().empty())) {
+      out.emplace_back();
+      bytes = 0;
+    }
+    out.back().push_back(p);
+    bytes += static_cast<std::size_t>(n);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<int> Zero::partition(const std::vector<std::int64_t>& numels, int world) {
+  if (world < 1) throw Error("loom::Zero::partition: the world size must be positive");
+  std::vector<std::size_t> order(numels.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return numels[a] > numels[b]; });
+  std::vector<std::int64_t> sizes(static_cast<std::size_t>(world), 0);
+  std::vector<int> owner(numels.size(), 0);
+  for (std::size_t i : order) {
+    std::size_t r = 0;
+    for (std::size_t k = 1; k < sizes.size(); ++k) {
+      if (sizes[k] < sizes[r]) r = k;
+    }
+    owner[i] = static_cast<int>(r);
+    sizes[r] += numels[i];
+  }
+  return owner;
+}
+
+Zero::Zero() : Zero(ZeroOptions{}) {}
+
+Zero::Zero(ZeroOptions options)
+    : options_(options), ddp_(options.ddp), state_(std::make_unique<detail::ZeroState>()) {
+  if (options_.stage != 1 && options_.stage != 2) {
+    throw Error("loom::Zero: ZeroOptions::stage is 1 (optimizer state) or 2 (and gradients), not " +
+                std::to_string(options_.stage));
+  }
+  if (options_.bucket_bytes == 0) throw Error("loom::Zero: ZeroOptions::bucket_bytes must be > 0");
+  DdpAccess::state(ddp_).reduce_gradients = options_.stage == 1;
+}
+
+Zero::Zero(Zero&&) noexcept = default;
+Zero& Zero::operator=(Zero&&) noexcept = default;
+Zero::~Zero() = default;
+
+void Zero::fail(std::string_view what, std::exception_ptr error) {
+  DdpAccess::fail(ddp_, what, error);
+}
+
+void Zero::setup(torch::nn::Module& module, c10::Device device, std::string_view backend) {
+  ddp_.setup(module, device, backend);
+  auto& z = *state_;
+  z = detail::ZeroState{};
+  z.module = &module;
+  std::vector<std::int64_t> numels;
+  for (auto& p : module.parameters(/*recurse=*/true)) {
+    if (!p.requires_grad()) continue;
+    z.params.push_back(p);
+    numels.push_back(p.numel());
+  }
+  z.owners = partition(numels, world_size());
+  z.shards.assign(static_cast<std::size_t>(world_size()), {});
+  std::vector<std::size_t> order(numels.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return numels[a] > numels[b]; });
+  for (std::size_t i : order) {
+    z.shards[static_cast<std::size_t>(z.owners[i])].push_back(z.params[i]);
+  }
+  for (std::size_t i = 0; i < z.params.size(); ++i) {
+    z.owner_of.emplace(z.params[i].unsafeGetTensorImpl(), z.owners[i]);
+  }
+}
+
+const std::vector<int>& Zero::owners() const { return state_->owners; }
+
+void Zero::pre_forward() {
+  ddp_.pre_forward();
+  auto& s = DdpAccess::state(ddp_);
+  if (stage() == 1 || !s.group || !options_.ddp.broadcast_buffers) return;
+  auto buffers = state_->module->buffers(true);
+  if (buffers.empty()) return;
+  try {
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> detached;
+    for (auto& b : buffers) detached.push_back(b.detach());
+    c10d::broadcast_coalesced(s.group, detached, options_.bucket_bytes, 0);
+  } catch (...) {
+    fail("the buffer broadcast before forward", std::current_exception());
+  }
+}
+
+void Zero::reduce_gradients() {
+  auto& s = DdpAccess::state(ddp_);
+  auto& z = *state_;
+  if (!s.sync || !s.group || !at::GradMode::is_enabled()) return;
+  at::NoGradGuard no_grad;
+  const double share = 1.0 / static_cast<double>(world_size());
+  struct Bucket {
+    int owner;
+    std::vector<at::Tensor> params;
+    at::Tensor flat;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  // At most two buckets in flight: a bucket's flat copy lives until its reduction is waited
+  // for, and then the gradients of other ranks' shards in it are dropped.
+  std::vector<Bucket> flight;
+  auto finish = [&](Bucket& b) {
+    b.work->wait();
+    std::int64_t offset = 0;
+    for (auto& p : b.params) {
+      if (b.owner == rank()) {
+        at::Tensor view = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
+        if (p.grad().defined()) {
+          p.mutable_grad().copy_(view);
+        } else {
+          p.mutable_grad() = view.clone();
+        }
+      } else {
+        p.mutable_grad() = at::Tensor();
+      }
+      offset += p.numel();
+    }
+  };
+  try {
+    for (int r = 0; r < world_size(); ++r) {
+      for (auto& params :
+           buckets_of(z.shards[static_cast<std::size_t>(r)], options_.bucket_bytes)) {
+        std::int64_t total = 0;
+        for (const auto& p : params) total += p.numel();
+        Bucket b{r, std::move(params), {}, {}};
+        b.flat = at::empty({total}, b.params.front().options().requires_grad(false));
+        std::int64_t offset = 0;
+        for (const auto& p : b.params) {
+          at::Tensor view = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
+          if (p.grad().defined()) {
+            view.copy_(p.grad());
+          } else {
+            view.zero_();
+          }
+          offset += p.numel();
+        }
+        // The reducer's arithmetic: each share divided by the world size, then summed.
+        b.flat.mul_(share);
+        std::vector<at::Tensor> tensors{b.flat};
+        c10d::ReduceOptions o;
+        o.rootRank = r;
+        o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+        o.timeout = options_.ddp.timeout;
+        b.work = s.group->reduce(tensors, o);
+        flight.push_back(std::move(b));
+        if (flight.size() == 2) {
+          finish(flight.front());
+          flight.erase(flight.begin());
+        }
+      }
+    }
+    for (auto& b : flight) finish(b);
+  } catch (...) {
+    fail("the gradient reduction of stage 2", std::current_exception());
+  }
+}
+
+void Zero::before_step(Optimizers optimizers) {
+  auto& z = *state_;
+  if (z.module == nullptr) {
+    throw Error("loom::Zero: optimizer_step before setup; call rt.setup(model, optimizer) first");
+  }
+  for (std::size_t i = 0; i < optimizers.size(); ++i) {
+    torch::optim::Optimizer& o = optimizers[i];
+    if (amp::unscales_itself(o)) {
+      throw Error("loom::Zero: optimizer " + std::to_string(i) +
+                  " unscales its gradients inside its step; Zero unscales every gradient before "
+                  "the sharded step, which it would repeat. Use loom::Ddp for it");
+    }
+    for (const auto& group : o.param_groups()) {
+      for (const auto& p : group.params()) {
+        if (!z.owner_of.contains(p.unsafeGetTensorImpl())) {
+          throw Error(
+              "loom::Zero: optimizer " + std::to_string(i) +
+              " has a parameter that is not one of the module's trainable parameters (shape " +
+              c10::str(p.sizes()) + "); Zero shards the module setup() was given");
+        }
+      }
+    }
+    // State of other ranks' shards (a whole checkpoint just loaded) is not this rank's to keep.
+    auto& st = o.state();
+    for (auto it = st.begin(); it != st.end();) {
+      auto found = z.owner_of.find(it->first);
+      if (found != z.owner_of.end() && found->second != rank()) {
+        it = st.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  auto& s = DdpAccess::state(ddp_);
+  if (stage() == 1 || !s.group) return;
+  // Stage 2: every rank's scaler must see an inf that any shard holds.
+  std::map<at::ScalarType, std::vector<at::Tensor>> grads;
+  for (auto& p : z.shards[static_cast<std::size_t>(rank())]) {
+    if (p.grad().defined()) grads[p.grad().scalar_type()].push_back(p.grad());
+  }
+  try {
+    at::NoGradGuard no_grad;
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(s.device);
+    at::Tensor found = at::zeros({1}, f32);
+    const at::Tensor one = at::ones({1}, f32);
+    for (auto& [type, list] : grads) {
+      (void)type;
+      if (list.front().is_floating_point()) {
+        at::_amp_foreach_non_finite_check_and_unscale_(list, found, one);
+      }
+    }
+    std::vector<at::Tensor> tensors{found};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::MAX);
+    o.timeout = options_.ddp.timeout;
+    s.group->allreduce(tensors, o)->wait();
+    if (!grads.empty()) {
+      at::Tensor g = grads.begin()->second.front();
+      g.as_strided({1}, {1}, g.storage_offset())
+          .masked_fill_(found.gt(0), std::numeric_limits<double>::quiet_NaN());
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (...) {
+    fail("stage 2's inf agreement before the step", std::current_exception());
+  }
+}
+
+Zero::Narrowed::Narrowed(Zero& zero, Optimizers optimizers) : optimizers_(optimizers) {
+  const auto& owner_of = zero.state_->owner_of;
+  const int me = zero.rank();
+  for (torch::optim::Optimizer& o : optimizers_) {
+    for (auto& group : o.param_groups()) {
+      saved_.push_back(group.params());
+      std::vector<at::Tensor> mine;
+      for (const auto& p : saved_.back()) {
+        if (owner_of.at(p.unsafeGetTensorImpl()) == me) mine.push_back(p);
+      }
+      group.params() = std::move(mine);
+    }
+  }
+}
+
+void Zero::Narrowed::restore() {
+  if (restored_) return;
+  restored_ = true;
+  std::size_t k = 0;
+  for (torch::optim::Optimizer& o : optimizers_) {
+    for (auto& group : o.param_groups()) group.params() = std::move(saved_[k++]);
+  }
+}
+
+Zero::Narrowed::~Narrowed() { restore(); }
+
+void Zero::broadcast_parameters() {
+  auto& s = DdpAccess::state(ddp_);
+  if (!s.group) return;
+  auto& z = *state_;
+  try {
+    at::NoGradGuard no_grad;
+    for (int r = 0; r < world_size(); ++r) {
+      std::vector<at::Tensor> detached;
+      for (auto& p : z.shards[static_cast<std::size_t>(r)]) detached.push_back(p.detach());
+      if (!detached.empty()) {
+        c10d::broadcast_coalesced(s.group, detached, options_.bucket_bytes, r);
+      }
+    }
+  } catch (...) {
+    fail("the parameter broadcast after the step", std::current_exception());
+  }
+}
+
+double Zero::clip_shard(torch::optim::Optimizer& optimizer, double max_norm, double norm_type,
+                        double local) {
+  auto& s = DdpAccess::state(ddp_);
+  const bool inf_norm = std::isinf(norm_type);
+  at::Tensor t = at::full({1}, inf_norm ? local : std::pow(local, norm_type),
+                          at::TensorOptions().dtype(at::kDouble).device(s.device));
+  try {
+    std::vector<at::Tensor> tensors{t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp(inf_norm ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM);
+    o.timeout = options_.ddp.timeout;
+    s.group->allreduce(tensors, o)->wait();
+  } catch (...) {
+    fail("the gradient norm's all-reduce in clip_gradients", std::current_exception());
+  }
+  const double reduced = t.cpu().item<double>();
+  const double total = inf_norm ? reduced : std::pow(reduced, 1.0 / norm_type);
+  const double coef = max_norm / (total + 1e-6);
+  if (coef < 1.0) {
+    at::NoGradGuard no_grad;
+    for (auto& group : optimizer.param_groups()) {
+      for (auto& p : group.params()) {
+        if (p.grad().defined()) p.mutable_grad().mul_(coef);
+      }
+    }
+  }
+  return total;
+}
+
+ShardMemory Zero::memory(const torch::optim::Optimizer& optimizer) const {
+  ShardMemory m;
+  const auto& z = *state_;
+  if (z.module == nullptr) return m;
+  for (const auto& p : z.module->parameters(true)) {
+    m.parameters += p.numel() * static_cast<std::int64_t>(p.element_size());
+    if (p.grad().defined()) {
+      m.gradients += p.grad().numel() * static_cast<std::int64_t>(p.grad().element_size());
+    }
+  }
+  const auto* info = optim::find_optimizer(optimizer);
+  if (info == nullptr) return m;
+  for (const auto& entry : optimizer.state()) {
+    if (!entry.second) continue;
+    c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+    info->save_state(*entry.second, d);
+    for (const auto& item : d) {
+      if (item.value().isTensor()) {
+        const auto& t = item.value().toTensor();
+        m.optimizer_state += t.numel() * static_cast<std::int64_t>(t.element_size());
+      }
+    }
+  }
+  return m;
+}
+
+void Zero::save_checkpoint(const std::filesystem::path& path, const c10::IValue& value,
+                           const checkpoint::CheckpointIO& io) {
+  if (!DdpAccess::state(ddp_).group || !value.isGenericDict()) {
+    ddp_.save_checkpoint(path, value, io);
+    return;
+  }
+  // Each rank's optimizer entries hold the state of its shard's parameters (their ids are the
+  // whole groups'): every rank's states go to rank 0, which merges them by id.
+  const auto top = value.toGenericDict();
+  StateDict mine;
+  for (const auto& item : top) {
+    if (is_optimizer_entry(item.value())) {
+      mine.emplace(item.key().toStringRef(), item.value().toGenericDict().at("state"));
+    }
+  }
+  if (mine.empty()) {
+    ddp_.save_checkpoint(path, value, io);
+    return;
+  }
+  std::map<std::string, std::map<std::int64_t, c10::IValue>> merged;
+  for (int r = 0; r < world_size(); ++r) {
+    StateDict got = r == rank() ? mine : StateDict{};
+    got = ddp_.broadcast_object(got, r);
+    if (rank() != 0) continue;
+    for (const auto& [name, state] : got) {
+      for (const auto& e : state.toGenericDict()) {
+        merged[name].insert_or_assign(e.key().toInt(), e.value());
+      }
+    }
+  }
+  if (rank() != 0) {
+    ddp_.save_checkpoint(path, value, io);
+    return;
+  }
+  auto whole = top.copy();
+  for (auto& [name, states] : merged) {
+    auto entry = top.at(name).toGenericDict().copy();
+    c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
+    for (auto& [id, v] : states) state.insert(id, v);
+    entry.insert_or_assign("state", state);
+    whole.insert_or_assign(name, entry);
+  }
+  ddp_.save_checkpoint(path, c10::IValue(whole), io);
+}
+
+}  // namespace loom::dist

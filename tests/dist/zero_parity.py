@@ -1,0 +1,264 @@
+"""Parity of loom::Zero with Python's ZeroRedundancyOptimizer, and its checkpoints.
+
+The same MLP 8-32-32-4, initial weights and data, trained 20 steps with fused AdamW (lr 1e-2,
+weight decay 0.01) on 2 ranks (gloo, torchrun): by Python's DistributedDataParallel +
+ZeroRedundancyOptimizer(AdamW, fused=True), and by loom (tests/dist/worker.cpp, mode zero)
+under loom::Zero stage 1, stage 2 and loom::Ddp. Step i trains on rows [8i, 8i + 8), each rank
+its half. Cases: 32-true; 16-mixed with a GradScaler that overflows and grows (init scale
+2^20, growth interval 3: scale and growth tracker compared too); bf16-mixed with 4
+micro-batches (no_sync); 32-true with the gradient norm clipped to 0.5. Stage 1 and stage 2
+must equal Python bit for bit (with 2 ranks the sum of two shares has one order), and so must
+Ddp; with clipping, stage 2's norm is the all-reduced sum of each shard's squares, which rounds
+differently: close, not bitwise.
+
+Then checkpoints: stage 2 on 4 ranks saves after step 10 (rank 0 writes the optimizer state of
+every shard in Python's layout). Stock torch.load opens it; Python's single-process
+AdamW(fused=True).load_state_dict continues it 10 steps on the whole batches, and loom's
+Zero on 1 process must match bit for bit; resumed on 2 ranks, Zero stage 1 and stage 2 must
+equal Ddp resumed from the same file.
+
+Usage: python zero_parity.py --worker BIN --dir DIR     (the driver)
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+STEPS, GLOBAL, WORLD = 20, 8, 2
+SAMPLES = STEPS * GLOBAL
+LR, WD = 1e-2, 0.01
+INIT_SCALE, GROWTH_INTERVAL = 2.0 ** 20, 3
+# (precision, micro-batches, clip)
+RUNS = [("32-true", 1, 0.0), ("16-mixed", 1, 0.0), ("bf16-mixed", 4, 0.0), ("32-true", 1, 0.5)]
+
+
+def mlp():
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32),
+                               torch.nn.Tanh(), torch.nn.Linear(32, 4))
+
+
+def write_inputs(d):
+    torch.manual_seed(4321)
+    model = mlp()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    flat.numpy().astype("<f4").tofile(d / "init.bin")
+    torch.randn(SAMPLES, 8).mul(3).numpy().astype("<f4").tofile(d / "x.bin")
+    torch.randint(0, 4, (SAMPLES,)).numpy().astype("<i8").tofile(d / "y.bin")
+
+
+def load_model(d):
+    model = mlp()
+    init = torch.from_numpy(np.fromfile(d / "init.bin", dtype="<f4"))
+    with torch.no_grad():
+        at = 0
+        for p in model.parameters():
+            p.copy_(init[at:at + p.numel()].reshape(p.shape))
+            at += p.numel()
+    x = torch.from_numpy(np.fromfile(d / "x.bin", dtype="<f4").reshape(SAMPLES, 8))
+    y = torch.from_numpy(np.fromfile(d / "y.bin", dtype="<i8"))
+    return model, x, y
+
+
+def forward_loss(model, x, y, low):
+    if low is not None:  # as loom and Fabric do: low-precision inputs, fp32 output
+        with torch.autocast("cpu", dtype=low):
+            out = model(x.to(low))
+        out = out.float()
+    else:
+        out = model(x)
+    return torch.nn.functional.cross_entropy(out, y)
+
+
+def python_side(d, precision, accumulate, clip):
+    import contextlib
+
+    import torch.distributed as dist
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, x, y = load_model(d)
+    ddp = DDP(model)
+    opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=LR,
+                                  weight_decay=WD, fused=True)
+    scaler = (torch.amp.GradScaler("cpu", init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL)
+              if precision == "16-mixed" else None)
+    low = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    per = GLOBAL // world
+    skipped = 0
+    for step in range(STEPS):
+        opt.zero_grad()
+        rows = slice(step * GLOBAL + rank * per, step * GLOBAL + (rank + 1) * per)
+        xs, ys = x[rows].tensor_split(accumulate), y[rows].tensor_split(accumulate)
+        for j in range(accumulate):
+            last = j == accumulate - 1
+            with contextlib.nullcontext() if last else ddp.no_sync():
+                loss = forward_loss(ddp, xs[j], ys[j], low)
+                if accumulate > 1:
+                    loss = loss / accumulate
+                (scaler.scale(loss) if scaler else loss).backward()
+        if clip > 0:
+            if scaler:
+                scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(ddp.parameters(), clip)
+        if scaler:
+            before = scaler.get_scale()
+            scaler.step(opt)
+            scaler.update()
+            skipped += scaler.get_scale() < before
+        else:
+            opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    flat.numpy().astype("<f4").tofile(d / f"python_rank{rank}.bin")
+    if scaler:
+        (d / f"python_rank{rank}.scaler").write_text(
+            f"{scaler.get_scale()} {scaler._get_growth_tracker()} {skipped}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def python_resume(d, ckpt, start):
+    """Stock torch: the checkpoint loom's 4 ranks wrote, continued on one process."""
+    torch.set_num_threads(1)
+    model, x, y = load_model(d)
+    saved = torch.load(ckpt, weights_only=True)
+    model.load_state_dict(saved["model"])
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, fused=True)
+    opt.load_state_dict(saved["optimizer"])
+    states = len(saved["optimizer"]["state"])
+    for step in range(start, STEPS):
+        opt.zero_grad()
+        rows = slice(step * GLOBAL, (step + 1) * GLOBAL)
+        forward_loss(model, x[rows], y[rows], None).backward()
+        opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    flat.numpy().astype("<f4").tofile(d / "python_resume_rank0.bin")
+    return states
+
+
+def run(cmd, nproc, what, attempts=1):
+    exe = Path(sys.executable).with_name("torchrun")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    if nproc > 0:
+        cmd = [str(exe), "--standalone", f"--nproc-per-node={nproc}", *cmd]
+    for attempt in range(1, attempts + 1):
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        if r.returncode == 0:
+            return r.stdout
+        sys.stderr.write(r.stdout[-3000:] + r.stderr[-3000:])
+        if attempt < attempts:
+            print(f"zero_parity: {what} failed with exit {r.returncode} (attempt {attempt}); again")
+    raise SystemExit(f"zero_parity: {what} failed with exit {r.returncode}")
+
+
+def ranks(d, tag, world):
+    return [np.fromfile(d / f"{tag}_rank{r}.bin", dtype="<f4") for r in range(world)]
+
+
+def bitwise(a, b):
+    return all(np.array_equal(x.view("<u4"), y.view("<u4")) for x, y in zip(a, b))
+
+
+def maxdiff(a, b):
+    return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
+
+
+def driver(worker, d):
+    d.mkdir(parents=True, exist_ok=True)
+    write_inputs(d)
+    common = [f"dir={d}", f"samples={SAMPLES}", f"steps={STEPS}", f"init_scale={INIT_SCALE}",
+              f"growth_interval={GROWTH_INTERVAL}"]
+    init = np.fromfile(d / "init.bin", dtype="<f4")
+    for precision, k, clip in RUNS:
+        for f in list(d.glob("*_rank*.bin")) + list(d.glob("*_rank*.scaler")):
+            f.unlink()
+        what = precision + (f", {k} micro-batches" if k > 1 else "") + \
+            (f", clip {clip}" if clip else "")
+        run([__file__, "--role", "python", "--dir", str(d), "--precision", precision,
+             "--accumulate", str(k), "--clip", str(clip)], WORLD, f"Python ({what})", attempts=2)
+        py = ranks(d, "python", WORLD)
+        for stage in (0, 1, 2):
+            tag = {0: "ddp", 1: "zero1", 2: "zero2"}[stage]
+            out = run(["--no-python", worker, "zero", *common, f"precision={precision}",
+                       f"accumulate={k}", f"clip={clip}", f"stage={stage}", f"tag={tag}",
+                       "bucket_bytes=2048"], WORLD, f"loom {tag} ({what})")
+            if "DIFFER" in out:
+                raise SystemExit(f"zero_parity: loom {tag} ({what}): ranks differ\n{out}")
+            lm = ranks(d, tag, WORLD)
+            same = bitwise(py, lm)
+            line = (f"zero parity {what}: loom {tag} vs Python ZeRO max|diff| {maxdiff(py, lm):g} "
+                    f"({'bitwise equal' if same else 'NOT bitwise'}), moved from init by "
+                    f"{float(np.abs(lm[0] - init).max()):.3g}")
+            if precision == "16-mixed":
+                ps = [(d / f"python_rank{r}.scaler").read_text().split() for r in range(WORLD)]
+                ls = [(d / f"{tag}_rank{r}.scaler").read_text().split() for r in range(WORLD)]
+                ok = all(float(p[0]) == float(q[0]) and int(p[1]) == int(q[1])
+                         for p, q in zip(ps, ls))
+                line += (f", scaler (scale, growth tracker) loom {ls[0][:2]} Python {ps[0][:2]} "
+                         f"({ps[0][2]} backoffs): {'equal' if ok else 'NOT equal'}")
+                same = same and ok and int(ps[0][2]) > 0
+            print(line)
+            if stage == 2 and clip:
+                if maxdiff(py, lm) > 1e-5:
+                    raise SystemExit(f"zero_parity: stage 2 with clipping is far from Python: {line}")
+            elif not same:
+                raise SystemExit(f"zero_parity: loom {tag} ({what}) differs from Python's ZeRO")
+            for line_ in sorted(x for x in out.splitlines() if "zero memory" in x):
+                print("  " + line_.strip())
+
+    # Checkpoints: saved by 4 ranks at stage 2, resumed by 1 (against stock torch) and 2.
+    ckpt = d / "zero4.pt"
+    run(["--no-python", worker, "zero", *common, "stage=2", "tag=four", "save_at=10",
+         f"save={ckpt}"], 4, "loom zero2 on 4 ranks, saving")
+    states = python_resume(d, ckpt, 10)
+    run([worker, "zero", *common, "stage=1", "tag=resume1", f"load={ckpt}", "start=10"], 0,
+        "loom zero1 on 1 process, resuming")
+    py, lm = ranks(d, "python_resume", 1), ranks(d, "resume1", 1)
+    print(f"zero checkpoint: saved by 4 ranks at stage 2, {states} parameter states in the "
+          f"optimizer entry (of 6); resumed by Python's AdamW(fused=True) and by loom::Zero on "
+          f"1 process: max|diff| {maxdiff(py, lm):g} "
+          f"({'bitwise equal' if bitwise(py, lm) else 'NOT bitwise'})")
+    if states != 6 or not bitwise(py, lm):
+        raise SystemExit("zero_parity: the 4-rank checkpoint does not continue as Python's")
+    finals = {}
+    for stage in (0, 1, 2):
+        tag = f"resume2_{stage}"
+        run(["--no-python", worker, "zero", *common, f"stage={stage}", f"tag={tag}",
+             f"load={ckpt}", "start=10"], WORLD, f"loom stage {stage} on 2 ranks, resuming")
+        finals[stage] = ranks(d, tag, WORLD)
+    ok = bitwise(finals[0], finals[1]) and bitwise(finals[0], finals[2])
+    print(f"zero checkpoint: resumed on 2 ranks, stage 1 and stage 2 vs Ddp: "
+          f"{'bitwise equal' if ok else 'NOT bitwise'} (max|diff| "
+          f"{max(maxdiff(finals[0], finals[1]), maxdiff(finals[0], finals[2])):g})")
+    if not ok:
+        raise SystemExit("zero_parity: the resumed shards differ from Ddp")
+    print("dist zero: ok")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--role", default="driver")
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--worker")
+    ap.add_argument("--precision", default="32-true")
+    ap.add_argument("--accumulate", type=int, default=1)
+    ap.add_argument("--clip", type=float, default=0.0)
+    a = ap.parse_args()
+    d = Path(a.dir).resolve()
+    if a.role == "python":
+        python_side(d, a.precision, a.accumulate, a.clip)
+    else:
+        driver(a.worker, d)
+
+
+if __name__ == "__main__":
+    main()
