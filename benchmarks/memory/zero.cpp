@@ -3,7 +3,7 @@
 // zero_memory.py runs them side by side at 2 and 4 ranks (docs/memory.md).
 //
 //   torchrun --standalone --nproc-per-node=2 --no-python loom_bench_zero --strategy zero2
-//            [--layers 8] [--width 1600] [--batch 32] [--steps 6] [--bucket-mib 25]
+//            [--layers 8] [--width 1600] [--batch 32] [--steps 12] [--bucket-mib 4]
 //
 // The model: Linear(width, width) x layers, Tanh between them (8 x 1600: 20.5 M parameters),
 // fused AdamW. After each step (gradients still held, before zero_grad) every rank counts the
@@ -62,7 +62,7 @@ int run(S strategy, const std::string& name, int argc, char** argv) {
   const int layers = std::stoi(flag(argc, argv, "--layers", "8"));
   const int width = std::stoi(flag(argc, argv, "--width", "1600"));
   const int batch = std::stoi(flag(argc, argv, "--batch", "32"));
-  const int steps = std::stoi(flag(argc, argv, "--steps", "6"));
+  const int steps = std::stoi(flag(argc, argv, "--steps", "12"));
   CountingAllocator& counter = CountingAllocator::instance();
   c10::SetCPUAllocator(&counter, /*priority=*/1);
   loom::Runtime<loom::Cpu, loom::Fp32, S> rt(loom::Cpu{}, loom::Fp32{}, std::move(strategy));
@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
     const std::string strategy = flag(argc, argv, "--strategy", "ddp");
     if (strategy == "ddp") return run(loom::Ddp(), strategy, argc, argv);
     loom::ZeroOptions o;
-    o.bucket_bytes = static_cast<std::size_t>(std::stoi(flag(argc, argv, "--bucket-mib", "25")))
+    o.bucket_bytes = static_cast<std::size_t>(std::stoi(flag(argc, argv, "--bucket-mib", "4")))
                      << 20;
     if (strategy == "zero1" || strategy == "zero2") {
       o.stage = strategy == "zero1" ? 1 : 2;

@@ -8,7 +8,7 @@ optimizer state <= Ddp's / world + one bucket; stage 2's gradients likewise; ste
 Ddp's at 2 ranks.
 
 Usage: python zero_memory.py --bench BUILD/benchmarks/loom_bench_zero [--worlds 2,4]
-                             [--out OUT.json]
+                             [--bucket-mib 4] [--out OUT.json] [-- --steps 12 ...]
 """
 
 import argparse
@@ -20,7 +20,6 @@ from pathlib import Path
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 MIB = 1 << 20
-BUCKET = 25 * MIB
 
 
 def torchrun(bench, world, strategy, extra):
@@ -44,8 +43,11 @@ def main():
     ap.add_argument("--bench", required=True)
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--out")
+    ap.add_argument("--bucket-mib", type=int, default=4, help="ZeroOptions::bucket_bytes")
     ap.add_argument("extra", nargs="*", help="passed to loom_bench_zero (after --)")
     a = ap.parse_args()
+    bucket = a.bucket_mib * MIB
+    extra = [*a.extra, "--bucket-mib", str(a.bucket_mib)]
     results, failed = [], []
     print("| strategy | ranks | parameters | gradients | optimizer state | peak | step | "
           "state / Ddp | gradients / Ddp | step / Ddp |")
@@ -53,7 +55,7 @@ def main():
     for world in map(int, a.worlds.split(",")):
         ddp = None
         for strategy in ("ddp", "zero1", "zero2"):
-            r = torchrun(a.bench, world, strategy, a.extra)
+            r = torchrun(a.bench, world, strategy, extra)
             results.append(r)
             ddp = ddp or r
             state, grads = r["state_bytes"] / ddp["state_bytes"], r["gradient_bytes"] / ddp["gradient_bytes"]
@@ -62,15 +64,15 @@ def main():
                   f"{r['gradient_bytes'] / MIB:.1f} MiB | {r['state_bytes'] / MIB:.1f} MiB | "
                   f"{r['peak_bytes'] / MIB:.1f} MiB | {r['step_ms']:.0f} ms | {state:.2f} | "
                   f"{grads:.2f} | {step:.2f} |")
-            bound_state = ddp["state_bytes"] / world + BUCKET
-            bound_grads = ddp["gradient_bytes"] / world + BUCKET
+            bound_state = ddp["state_bytes"] / world + bucket
+            bound_grads = ddp["gradient_bytes"] / world + bucket
             if strategy != "ddp" and r["state_bytes"] > bound_state:
                 failed.append(f"{strategy} at {world}: state above Ddp's / world + one bucket")
             if strategy == "zero2" and r["gradient_bytes"] > bound_grads:
                 failed.append(f"{strategy} at {world}: gradients above Ddp's / world + one bucket")
             if strategy != "ddp" and world == 2 and step > 1.15:
                 failed.append(f"{strategy} at 2 ranks: step {step:.2f}x Ddp's (target 1.15x)")
-    print(f"model: {results[0]['parameters'] / 1e6:.1f} M parameters; bucket {BUCKET // MIB} MiB")
+    print(f"model: {results[0]['parameters'] / 1e6:.1f} M parameters; bucket {a.bucket_mib} MiB")
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=1))
     for f in failed:

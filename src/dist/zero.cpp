@@ -1,11 +1,13 @@
 #include <loom/dist/zero.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -15,6 +17,8 @@
 #include <ATen/core/Dict.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/StringUtil.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -30,12 +34,134 @@ namespace loom::dist {
 
 namespace detail {
 
+/// One bucket of stage 2's reduction: some of one owner's parameters.
+struct GradBucket {
+  int owner = 0;
+  std::vector<std::size_t> params;  // indices into ZeroState::params
+  std::int64_t numel = 0;
+  std::size_t pending = 0;  // gradients not yet accumulated in this backward
+  bool launched = false, finished = false;
+  at::Tensor flat;
+  c10::intrusive_ptr<c10d::Work> work;
+};
+
+using Accumulator =
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+
 struct ZeroState {
   torch::nn::Module* module = nullptr;
   std::vector<at::Tensor> params;  // the module's parameters that require a gradient
   std::vector<int> owners;         // each one's owner
   std::unordered_map<const void*, int> owner_of;
   std::vector<std::vector<at::Tensor>> shards;  // each rank's, largest first (Python's order)
+
+  // Stage 2, more than one rank: the buckets in launch order, each parameter's bucket, and the
+  // hooks on the gradient accumulators that launch a bucket's reduce once its gradients are in.
+  std::vector<GradBucket> buckets;
+  std::vector<std::size_t> bucket_of;
+  std::vector<std::pair<Accumulator, std::uintptr_t>> hooks;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  std::chrono::milliseconds timeout{0};
+  int rank = 0;
+  double share = 1.0;
+  std::size_t next_launch = 0, next_finish = 0;
+  bool armed = false;  // a synchronized forward ran: this backward reduces
+
+  ZeroState() = default;
+  ZeroState(const ZeroState&) = delete;
+  ZeroState& operator=(const ZeroState&) = delete;
+  ~ZeroState() { remove_hooks(); }
+
+  void remove_hooks() {
+    for (auto& [accumulator, key] : hooks) accumulator->del_post_hook(key);
+    hooks.clear();
+  }
+
+  /// Copies a bucket's gradients (zeros where a parameter has none), divides them by the world
+  /// size as the reducer does, and starts their sum on the owner.
+  void launch(GradBucket& b) {
+    b.flat = at::empty({b.numel}, params[b.params.front()].options().requires_grad(false));
+    std::int64_t offset = 0;
+    for (std::size_t i : b.params) {
+      const at::Tensor& p = params[i];
+      at::Tensor view = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
+      if (p.grad().defined()) {
+        view.copy_(p.grad());
+      } else {
+        view.zero_();
+      }
+      offset += p.numel();
+    }
+    b.flat.mul_(share);
+    std::vector<at::Tensor> tensors{b.flat};
+    c10d::ReduceOptions o;
+    o.rootRank = b.owner;
+    o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+    o.timeout = timeout;
+    b.work = group->reduce(tensors, o);
+    b.launched = true;
+  }
+
+  /// Waits for a bucket: the owner's gradients become the sums, the others' are dropped.
+  void finish(GradBucket& b) {
+    b.work->wait();
+    std::int64_t offset = 0;
+    for (std::size_t i : b.params) {
+      at::Tensor& p = params[i];
+      if (b.owner == rank) {
+        at::Tensor view = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
+        if (p.grad().defined()) {
+          p.mutable_grad().copy_(view);
+        } else {
+          p.mutable_grad() = view.clone();
+        }
+      } else {
+        p.mutable_grad() = at::Tensor();
+      }
+      offset += p.numel();
+    }
+    b.flat = at::Tensor();
+    b.work.reset();
+    b.finished = true;
+  }
+
+  /// Launches the buckets that are ready, in order (every rank launches the same sequence),
+  /// and finishes, in order, those whose reduce has completed.
+  void advance() {
+    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
+      launch(buckets[next_launch++]);
+    }
+    while (next_finish < next_launch && buckets[next_finish].work->isCompleted()) {
+      finish(buckets[next_finish++]);
+    }
+  }
+
+  /// A gradient accumulator's hook: parameter `i`'s gradient is in.
+  void ready(std::size_t i) {
+    if (!armed) return;
+    GradBucket& b = buckets[bucket_of[i]];
+    if (b.pending > 0 && --b.pending == 0) advance();
+  }
+
+  /// Before a synchronized forward: every bucket waits for all its gradients again (reduces
+  /// a backward outside rt.backward started are waited for first).
+  void arm() {
+    for (; next_finish < next_launch; ++next_finish) finish(buckets[next_finish]);
+    for (auto& b : buckets) {
+      b.pending = b.params.size();
+      b.launched = b.finished = false;
+    }
+    next_launch = next_finish = 0;
+    armed = true;
+  }
+
+  /// After the backward: the buckets not launched yet (a parameter without a gradient) go in
+  /// order, and every bucket is finished.
+  void complete() {
+    armed = false;
+    for (; next_launch < buckets.size(); ++next_launch) launch(buckets[next_launch]);
+    for (; next_finish < buckets.size(); ++next_finish) finish(buckets[next_finish]);
+  }
 };
 
 }  // namespace detail
@@ -49,25 +175,6 @@ bool is_optimizer_entry(const c10::IValue& v) {
   if (!v.isGenericDict()) return false;
   const auto d = v.toGenericDict();
   return d.size() == 2 && d.contains("state") && d.contains("param_groups");
-}
-
-/// The buckets of one rank's shard: runs of one dtype up to `cap` bytes (one tensor may exceed
-/// it alone).
-std::vector<std::vector<at::Tensor>> buckets_of(const std::vector<at::Tensor>& params,
-                                                std::size_t cap) {
-  std::vector<std::vector<at::Tensor>> out;
-  std::size_t bytes = 0;
-  for (const auto& p : params) {
-    const auto n = p.numel() * static_cast<std::int64_t>(p.element_size());
-    if (out.empty() || out.back().front().scalar_type() != p.scalar_type() ||
-        (bytes + static_cast<std::size_t>(n) > cap && !out.back().empty())) {
-      out.emplace_back();
-      bytes = 0;
-    }
-    out.back().push_back(p);
-    bytes += static_cast<std::size_t>(n);
-  }
-  return out;
 }
 
 }  // namespace
@@ -111,10 +218,59 @@ void Zero::fail(std::string_view what, std::exception_ptr error) {
   DdpAccess::fail(ddp_, what, error);
 }
 
+namespace {
+
+/// Stage 2's buckets and the hooks that launch them.
+void build_buckets(detail::ZeroState& z, int world, std::size_t bucket_bytes) {
+  // Gradients arrive roughly in reverse order of the module's parameters: buckets are cut in
+  // that order, one open bucket per owner (a reduce has one root), closed at bucket_bytes.
+  std::vector<std::optional<detail::GradBucket>> open(static_cast<std::size_t>(world));
+  std::vector<std::size_t> bytes(open.size(), 0);
+  auto close = [&](std::size_t owner) {
+    if (open[owner]) z.buckets.push_back(std::move(*open[owner]));
+    open[owner].reset();
+    bytes[owner] = 0;
+  };
+  z.bucket_of.assign(z.params.size(), 0);
+  for (std::size_t k = z.params.size(); k-- > 0;) {
+    const auto owner = static_cast<std::size_t>(z.owners[k]);
+    const at::Tensor& p = z.params[k];
+    if (open[owner] && z.params[open[owner]->params.front()].scalar_type() != p.scalar_type()) {
+      close(owner);
+    }
+    if (!open[owner]) {
+      open[owner].emplace();
+      open[owner]->owner = static_cast<int>(owner);
+    }
+    open[owner]->params.push_back(k);
+    open[owner]->numel += p.numel();
+    bytes[owner] += static_cast<std::size_t>(p.nbytes());
+    if (bytes[owner] >= bucket_bytes) close(owner);
+  }
+  for (std::size_t owner = 0; owner < open.size(); ++owner) close(owner);
+  for (std::size_t b = 0; b < z.buckets.size(); ++b) {
+    for (std::size_t i : z.buckets[b].params) z.bucket_of[i] = b;
+  }
+  detail::ZeroState* state = &z;
+  for (std::size_t i = 0; i < z.params.size(); ++i) {
+    auto accumulator = torch::autograd::impl::grad_accumulator(z.params[i]);
+    const auto key =
+        accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+            [state, i](const torch::autograd::variable_list& outputs,
+                       const torch::autograd::variable_list&) {
+              state->ready(i);
+              return outputs;
+            }));
+    z.hooks.emplace_back(std::move(accumulator), key);
+  }
+}
+
+}  // namespace
+
 void Zero::setup(torch::nn::Module& module, c10::Device device, std::string_view backend) {
   ddp_.setup(module, device, backend);
+  state_ = std::make_unique<detail::ZeroState>();  // a second setup: the old hooks go
   auto& z = *state_;
-  z = detail::ZeroState{};
   z.module = &module;
   std::vector<std::int64_t> numels;
   for (auto& p : module.parameters(/*recurse=*/true)) {
@@ -134,6 +290,14 @@ void Zero::setup(torch::nn::Module& module, c10::Device device, std::string_view
   for (std::size_t i = 0; i < z.params.size(); ++i) {
     z.owner_of.emplace(z.params[i].unsafeGetTensorImpl(), z.owners[i]);
   }
+  auto& s = DdpAccess::state(ddp_);
+  if (stage() == 2 && s.group) {
+    z.group = s.group;
+    z.timeout = options_.ddp.timeout;
+    z.rank = rank();
+    z.share = 1.0 / static_cast<double>(world_size());
+    build_buckets(z, world_size(), options_.bucket_bytes);
+  }
 }
 
 const std::vector<int>& Zero::owners() const { return state_->owners; }
@@ -141,7 +305,15 @@ const std::vector<int>& Zero::owners() const { return state_->owners; }
 void Zero::pre_forward() {
   ddp_.pre_forward();
   auto& s = DdpAccess::state(ddp_);
-  if (stage() == 1 || !s.group || !options_.ddp.broadcast_buffers) return;
+  if (stage() == 1 || !s.group) return;
+  if (s.sync && at::GradMode::is_enabled()) {
+    try {
+      state_->arm();
+    } catch (...) {
+      fail("the gradient reduction of stage 2", std::current_exception());
+    }
+  }
+  if (!options_.ddp.broadcast_buffers) return;
   auto buffers = state_->module->buffers(true);
   if (buffers.empty()) return;
   try {
@@ -155,71 +327,11 @@ void Zero::pre_forward() {
 }
 
 void Zero::reduce_gradients() {
-  auto& s = DdpAccess::state(ddp_);
   auto& z = *state_;
-  if (!s.sync || !s.group || !at::GradMode::is_enabled()) return;
+  if (!z.armed) return;  // one process, or a forward under no_sync
   at::NoGradGuard no_grad;
-  const double share = 1.0 / static_cast<double>(world_size());
-  struct Bucket {
-    int owner;
-    std::vector<at::Tensor> params;
-    at::Tensor flat;
-    c10::intrusive_ptr<c10d::Work> work;
-  };
-  // At most two buckets in flight: a bucket's flat copy lives until its reduction is waited
-  // for, and then the gradients of other ranks' shards in it are dropped.
-  std::vector<Bucket> flight;
-  auto finish = [&](Bucket& b) {
-    b.work->wait();
-    std::int64_t offset = 0;
-    for (auto& p : b.params) {
-      if (b.owner == rank()) {
-        at::Tensor view = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
-        if (p.grad().defined()) {
-          p.mutable_grad().copy_(view);
-        } else {
-          p.mutable_grad() = view.clone();
-        }
-      } else {
-        p.mutable_grad() = at::Tensor();
-      }
-      offset += p.numel();
-    }
-  };
   try {
-    for (int r = 0; r < world_size(); ++r) {
-      for (auto& params :
-           buckets_of(z.shards[static_cast<std::size_t>(r)], options_.bucket_bytes)) {
-        std::int64_t total = 0;
-        for (const auto& p : params) total += p.numel();
-        Bucket b{r, std::move(params), {}, {}};
-        b.flat = at::empty({total}, b.params.front().options().requires_grad(false));
-        std::int64_t offset = 0;
-        for (const auto& p : b.params) {
-          at::Tensor view = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
-          if (p.grad().defined()) {
-            view.copy_(p.grad());
-          } else {
-            view.zero_();
-          }
-          offset += p.numel();
-        }
-        // The reducer's arithmetic: each share divided by the world size, then summed.
-        b.flat.mul_(share);
-        std::vector<at::Tensor> tensors{b.flat};
-        c10d::ReduceOptions o;
-        o.rootRank = r;
-        o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
-        o.timeout = options_.ddp.timeout;
-        b.work = s.group->reduce(tensors, o);
-        flight.push_back(std::move(b));
-        if (flight.size() == 2) {
-          finish(flight.front());
-          flight.erase(flight.begin());
-        }
-      }
-    }
-    for (auto& b : flight) finish(b);
+    z.complete();
   } catch (...) {
     fail("the gradient reduction of stage 2", std::current_exception());
   }
@@ -269,12 +381,18 @@ void Zero::before_step(Optimizers optimizers) {
     at::NoGradGuard no_grad;
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(s.device);
     at::Tensor found = at::zeros({1}, f32);
-    const at::Tensor one = at::ones({1}, f32);
     for (auto& [type, list] : grads) {
       (void)type;
-      if (list.front().is_floating_point()) {
-        at::_amp_foreach_non_finite_check_and_unscale_(list, found, one);
-      }
+      if (!list.front().is_floating_point()) continue;
+      // The largest magnitude of each gradient (read only): inf or nan where one is not finite.
+      auto largest = at::_foreach_norm(list, std::numeric_limits<double>::infinity());
+      found = at::maximum(found, at::stack(largest)
+                                     .isfinite()
+                                     .logical_not()
+                                     .any()
+                                     .to(at::kFloat)
+                                     .to(found.device())
+                                     .reshape({1}));
     }
     std::vector<at::Tensor> tensors{found};
     c10d::AllreduceOptions o;
@@ -325,13 +443,29 @@ void Zero::broadcast_parameters() {
   auto& z = *state_;
   try {
     at::NoGradGuard no_grad;
+    // Each large parameter in place (no copy), the small ones coalesced into buckets.
+    const auto large = static_cast<std::int64_t>(options_.bucket_bytes / 8);
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
     for (int r = 0; r < world_size(); ++r) {
-      std::vector<at::Tensor> detached;
-      for (auto& p : z.shards[static_cast<std::size_t>(r)]) detached.push_back(p.detach());
-      if (!detached.empty()) {
-        c10d::broadcast_coalesced(s.group, detached, options_.bucket_bytes, r);
+      std::vector<at::Tensor> small;
+      for (auto& p : z.shards[static_cast<std::size_t>(r)]) {
+        if (static_cast<std::int64_t>(p.nbytes()) < large || !p.is_contiguous()) {
+          small.push_back(p.detach());
+          continue;
+        }
+        std::vector<at::Tensor> one{p.detach()};
+        c10d::BroadcastOptions o;
+        o.rootRank = r;
+        o.timeout = options_.ddp.timeout;
+        works.push_back(s.group->broadcast(one, o));
+      }
+      if (!small.empty()) {
+        for (auto& w : works) w->wait();
+        works.clear();
+        c10d::broadcast_coalesced(s.group, small, options_.bucket_bytes, r);
       }
     }
+    for (auto& w : works) w->wait();
   } catch (...) {
     fail("the parameter broadcast after the step", std::current_exception());
   }

@@ -808,7 +808,7 @@ int run_zero_precision() {
   if (stage == 0) return run_zero_with<P>(loom::Ddp());
   loom::ZeroOptions o;
   o.stage = stage;
-  o.bucket_bytes = static_cast<std::size_t>(iarg("bucket_bytes", 25 << 20));
+  o.bucket_bytes = static_cast<std::size_t>(iarg("bucket_bytes", 4 << 20));
   return run_zero_with<P>(loom::Zero(o));
 }
 

@@ -42,8 +42,10 @@ struct ZeroOptions {
   int stage = 1;
   /// The process group, timeouts and (stage 1) the reducer's settings: Ddp's.
   DdpOptions ddp;
-  /// The size of stage 2's gradient buckets and of the parameter broadcast after each step.
-  std::size_t bucket_bytes = std::size_t{25} << 20;
+  /// The size of stage 2's gradient buckets (each reduced as soon as its gradients are in,
+  /// while the backward goes on: smaller buckets start sooner) and of the parameter broadcast's
+  /// coalesced buckets after each step (parameters of an eighth of it or more go alone).
+  std::size_t bucket_bytes = std::size_t{4} << 20;
 };
 
 /// Bytes one rank holds, by kind (Zero::memory()).
@@ -69,7 +71,9 @@ struct ZeroState;
 /// every gradient), then each optimizer's param groups are cut to this rank's shard for the
 /// precision's step (loom's fused kernels run on the shard only; optimizer state is created for
 /// the shard only), restored, and each rank broadcasts its shard's updated parameters.
-/// Stage 2 drops the gradients of other ranks' shards after backward; so that every rank's
+/// Stage 2 reduces each bucket of a shard's gradients to its owner from hooks on the gradient
+/// accumulators, while the backward runs (buckets launched in one order on every rank), and
+/// drops the gradients of other ranks' shards when the backward is done; so that every rank's
 /// 16-mixed scaler skips together, a non-finite gradient in any shard makes the first element
 /// of every shard's first gradient nan too (one one-element all-reduce per step), and
 /// clip_gradients computes each shard's norm and all-reduces it (the global norm up to
