@@ -79,8 +79,9 @@ say "- configured in ${SECONDS}s"
 
 # 3. Build only what the check runs.
 targets=(loom_gpu_tests loom_precision_tests loom_bench_prefetch_cuda loom_bench_fp8_mlp
-         loom_bench_checkpoint)  # + optim.parity_cuda
-[ -f "$third/gloo/algorithm.h" ] && targets+=(loom_dist_worker)  # dist.cuda_nccl, dist.cuda_gloo
+         loom_bench_checkpoint loom_bench_activation_checkpoint)  # + optim.parity_cuda
+# dist.cuda_nccl, dist.cuda_gloo, dist.cuda_zero (loom::Zero stage 2 on NCCL, one rank)
+[ -f "$third/gloo/algorithm.h" ] && targets+=(loom_dist_worker)
 # The DDP cost benchmark (section 7): loom::dist and CLI11's packed headers.
 ddp_bench=0
 [ -f "$third/gloo/algorithm.h" ] && [ -f "$third/CLI/CLI.hpp" ] && { targets+=(loom_bench_ddp); ddp_bench=1; }
@@ -227,6 +228,19 @@ else
   say "- failed or timed out: checkpoint_cuda.txt"
 fi
 rm -rf "$ckdir"
+
+# 9. Activation checkpointing's memory on the GPU (docs/memory.md): the CPU benchmark's 16-block
+#    MLP at batch 256, activation memory from the caching allocator's statistics. At most 60 s.
+say ""
+say "## Activation checkpointing on CUDA (loom_bench_activation_checkpoint --cuda 1)"
+budget=$(left); [ "$budget" -gt 60 ] && budget=60
+if timeout "$budget" "$build/benchmarks/loom_bench_activation_checkpoint" --cuda 1 --steps 5 \
+     >"$out/activation_checkpoint_cuda.txt" 2>&1; then
+  say ""
+  sed 's/^/    /' "$out/activation_checkpoint_cuda.txt" >>"$report"
+else
+  say "- failed or timed out: activation_checkpoint_cuda.txt"
+fi
 
 # ---- Optional: loom vs Lightning Fabric on CUDA (scripts/gpu-fabric-check.sh) ----------------
 # Off by default (LOOM_GPU_FABRIC=1 turns it on); needs lightning already installed in the python

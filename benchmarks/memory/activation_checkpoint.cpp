@@ -1,12 +1,15 @@
-// Activation checkpointing's trade, measured on the CPU: a 16-block MLP (Linear-GELU-Dropout,
-// width 1024) at batch 256, one training step (forward, backward) plainly and with
-// loom::checkpoint_sequential in 4 and in 16 segments.
+// Activation checkpointing's trade: a 16-block MLP (Linear-GELU-Dropout, width 1024) at batch
+// 256, one training step (forward, backward) plainly and with loom::checkpoint_sequential in 4
+// and in 16 segments, on the CPU or (--cuda 1) on the first GPU.
 //
 //   loom_bench_activation_checkpoint [--steps 5] [--width 1024] [--batch 256] [--blocks 16]
+//                                    [--cuda 0]
 //
-// Activation memory: the peak of the bytes the CPU allocator holds during the step, minus the
-// bytes held just before the forward (weights, gradients of the last step, the input), from a
-// counting allocator loom installs in front of c10's CPU allocator. Step time: the median of
+// Activation memory: the peak of the bytes the allocator holds during the step, minus the
+// bytes held just before the forward (weights, gradients of the last step, the input): on the
+// CPU from a counting allocator loom installs in front of c10's, on a GPU from the CUDA caching
+// allocator's statistics (getDeviceStats, allocated bytes, the peak reset before each step). Step
+// time: the median of
 // --steps steps after one warm-up. Prints one line per variant and the ratios to the plain
 // step (targets: activation memory <= 0.5x, step time <= 1.4x).
 #include <algorithm>
@@ -15,11 +18,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/cuda.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/dropout.h>
@@ -49,7 +56,34 @@ struct Figures {
   double activation_mib, step_ms;
 };
 
-Figures measure(CountingAllocator& counter, torch::nn::Sequential& model, int64_t segments,
+/// The bytes an allocator holds and their peak: the counting CPU allocator's, or the CUDA
+/// caching allocator's statistics for `device` (synchronized first).
+struct Held {
+  std::optional<c10::DeviceIndex> cuda;
+  int64_t held() const {
+    if (!cuda) return CountingAllocator::instance().held();
+    c10::cuda::device_synchronize();
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(*cuda);
+    return stats
+        .allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+        .current;
+  }
+  int64_t peak() const {
+    if (!cuda) return CountingAllocator::instance().peak();
+    c10::cuda::device_synchronize();
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(*cuda);
+    return stats
+        .allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+        .peak;
+  }
+  void reset_peak() const {
+    if (!cuda) return CountingAllocator::instance().reset_peak();
+    c10::cuda::device_synchronize();
+    c10::cuda::CUDACachingAllocator::resetPeakStats(*cuda);
+  }
+};
+
+Figures measure(const Held& counter, torch::nn::Sequential& model, int64_t segments,
                 const at::Tensor& x, int steps) {
   std::vector<double> times;
   int64_t activation = 0;
@@ -61,6 +95,7 @@ Figures measure(CountingAllocator& counter, torch::nn::Sequential& model, int64_
     at::Tensor out =
         segments == 0 ? model->forward(x) : loom::checkpoint_sequential(model, segments, x);
     out.square().mean().backward();
+    if (counter.cuda) c10::cuda::device_synchronize();
     const auto t1 = std::chrono::steady_clock::now();
     if (i == 0) continue;  // warm-up: the gradients are allocated here
     activation = std::max(activation, counter.peak() - before);
@@ -84,17 +119,29 @@ int main(int argc, char** argv) {
   const int64_t width = flag(argc, argv, "--width", 1024);
   const int64_t batch = flag(argc, argv, "--batch", 256);
   const int64_t blocks = flag(argc, argv, "--blocks", 16);
-  CountingAllocator& counter = CountingAllocator::instance();
-  c10::SetCPUAllocator(&counter, /*priority=*/1);
+  Held counter;
+  if (flag(argc, argv, "--cuda", 0) != 0) {
+    if (!torch::cuda::is_available()) {
+      std::printf("activation checkpointing: --cuda 1 but torch sees no CUDA device\n");
+      return 77;
+    }
+    counter.cuda = c10::DeviceIndex{0};
+  } else {
+    c10::SetCPUAllocator(&CountingAllocator::instance(), /*priority=*/1);
+  }
 
   torch::manual_seed(0);
   auto model = make_mlp(blocks, width);
-  const at::Tensor x = at::randn({batch, width});
+  at::Tensor x = at::randn({batch, width});
+  if (counter.cuda) {
+    model->to(torch::Device(torch::kCUDA, 0));
+    x = x.to(torch::Device(torch::kCUDA, 0));
+  }
   std::printf(
-      "activation checkpointing: %lld blocks of Linear(%lld)-GELU-Dropout, batch %lld, "
-      "%d threads, median of %d steps\n",
+      "activation checkpointing: %lld blocks of Linear(%lld)-GELU-Dropout, batch %lld, on %s "
+      "(%d CPU threads), median of %d steps\n",
       static_cast<long long>(blocks), static_cast<long long>(width), static_cast<long long>(batch),
-      at::get_num_threads(), steps);
+      counter.cuda ? "cuda:0" : "the CPU", at::get_num_threads(), steps);
   const Figures plain = measure(counter, model, 0, x, steps);
   std::printf("%-14s activation %8.1f MiB  step %8.2f ms\n", "plain", plain.activation_mib,
               plain.step_ms);

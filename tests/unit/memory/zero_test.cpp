@@ -83,6 +83,20 @@ TEST_CASE("Zero on one process trains as one process does, at either stage", "[z
   }
 }
 
+TEMPLATE_TEST_CASE("Zero on one process steps as one process does under each precision", "[zero]",
+                   loom::Fp64, loom::Fp16True, loom::Bf16True, loom::Bf16Mixed, loom::Fp16Mixed) {
+  auto run = [](auto& rt) {
+    auto model = small_mlp();
+    return train(rt, model, /*clip=*/true);
+  };
+  loom::Runtime<loom::Cpu, TestType> plain;
+  loom::Runtime<loom::Cpu, TestType, loom::Zero> sharded;
+  const auto expected = run(plain);
+  const auto got = run(sharded);
+  CHECK(got.scalar_type() == expected.scalar_type());
+  CHECK(torch::equal(got, expected));
+}
+
 TEST_CASE("Zero counts what a rank holds", "[zero]") {
   auto model = small_mlp();
   loom::Runtime<loom::Cpu, loom::Fp32, loom::Zero> rt;
