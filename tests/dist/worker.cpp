@@ -718,7 +718,8 @@ int run_parity() {
 
 /// The loom side of the ZeRO tests (tests/dist/zero_parity.py writes the inputs, runs Python's
 /// DistributedDataParallel + ZeroRedundancyOptimizer(AdamW, fused=True) and compares): an MLP
-/// 8-32-32-4 trained by fused AdamW under Ddp (stage=0) or Zero (stage=1, 2). Step i takes
+/// 8-32-32-4 trained by fused AdamW (StepLR: halved every 6 steps, not after a resume) under
+/// Ddp (stage=0) or Zero (stage=1, 2). Step i takes
 /// rows [8i, 8i + 8) of x.bin, each rank its contiguous part; `accumulate` micro-batches;
 /// `clip` > 0 clips the norm; `load` resumes from a checkpoint at step `start`; `save_at`
 /// writes one to `save`. Writes <tag>_rank<r>.bin (the final parameters) and .scaler.
@@ -758,6 +759,9 @@ int run_zero_with(S strategy) {
   auto Y = torch::from_blob(ys.data(), {n}, torch::kLong).clone();
   loom::optim::AdamW opt(model->parameters(), loom::optim::AdamWOptions(1e-2).weight_decay(0.01));
   rt.setup(model, opt);
+  // The lr halves every 6 steps (Python's StepLR); a resumed run starts from the saved lr.
+  const bool schedule = arg("load", "").empty();
+  loom::optim::StepLR sched(opt, 6, 0.5);
   loom::State state{{"model", model}, {"optimizer", opt}, {"runtime", rt}};
   if (const auto from = arg("load", ""); !from.empty()) {
     // The weights and the optimizer's state; the runtime's entry holds every rank's RNG of the
@@ -778,6 +782,7 @@ int run_zero_with(S strategy) {
     }
     if (clip > 0) rt.clip_gradients(opt, clip);
     rt.optimizer_step(opt);
+    if (schedule) sched.step();
     if (step + 1 == save_at) rt.save(arg("save", dir + "/zero.pt"), state);
   }
   if constexpr (std::is_same_v<S, loom::Zero>) {

@@ -1,7 +1,7 @@
 """Parity of loom::Zero with Python's ZeroRedundancyOptimizer, and its checkpoints.
 
 The same MLP 8-32-32-4, initial weights and data, trained 20 steps with fused AdamW (lr 1e-2,
-weight decay 0.01) on 2 ranks (gloo, torchrun): by Python's DistributedDataParallel +
+weight decay 0.01, StepLR halving the lr every 6 steps) on 2 ranks (gloo, torchrun): by Python's DistributedDataParallel +
 ZeroRedundancyOptimizer(AdamW, fused=True), and by loom (tests/dist/worker.cpp, mode zero)
 under loom::Zero stage 1, stage 2 and loom::Ddp. Step i trains on rows [8i, 8i + 8), each rank
 its half. Cases: 32-true; 16-mixed with a GradScaler that overflows and grows (init scale
@@ -88,6 +88,7 @@ def python_side(d, precision, accumulate, clip):
     ddp = DDP(model)
     opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=LR,
                                   weight_decay=WD, fused=True)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 6, 0.5)
     scaler = (torch.amp.GradScaler("cpu", init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL)
               if precision == "16-mixed" else None)
     low = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
@@ -115,6 +116,7 @@ def python_side(d, precision, accumulate, clip):
             skipped += scaler.get_scale() < before
         else:
             opt.step()
+        sched.step()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     flat.numpy().astype("<f4").tofile(d / f"python_rank{rank}.bin")
     if scaler:
