@@ -89,16 +89,8 @@ template <class RT>
 void print_memory(RT& rt, torch::nn::Module& model, const torch::optim::Optimizer& opt,
                   const std::string& when) {
   auto& s = rt.strategy();
-  int64_t params = 0, grads = 0, state = 0;
-  for (const auto& p : model.parameters()) {
-    params += p.nbytes();
-    if (p.grad().defined()) grads += p.grad().nbytes();
-  }
-  if constexpr (requires { s.memory(opt); }) {
-    state = s.memory(opt).optimizer_state;
-  } else {
-    state = 2 * params + static_cast<int64_t>(model.parameters().size()) * 4;  // AdamW, all
-  }
+  const loom::ShardMemory held = s.memory(opt);  // what this rank holds now
+  const int64_t params = held.parameters, grads = held.gradients, state = held.optimizer_state;
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   const int64_t rss = static_cast<int64_t>(usage.ru_maxrss) * 1024;
