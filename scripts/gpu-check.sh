@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with an NVIDIA GPU and a python that has torch (with CUDA), but no
 # OS packages and no network, configure loom against that torch, build the GPU tests and the
-# host-to-device prefetch, fp8, DDP-cost and asynchronous-checkpoint benchmarks, run them, and
-# write a short report.
-# About 8 minutes at most.
+# host-to-device prefetch, fp8, DDP-cost, asynchronous-checkpoint, activation-checkpointing and
+# CUDA-graph benchmarks, run them, and write a short report.
+# About 9 minutes at most.
 #
 # Usage: scripts/gpu-check.sh [report-dir]        (default $OUT, else build-gpu-report)
 #   LOOM_THIRD_PARTY   packed headers (scripts/pack-gpu-deps.sh; default build-gpu-deps)
 #   LOOM_PYTHON        the python with torch (default: the first of python3, /opt/torch/.venv,
 #                      ~/.cache/loom/torch-*/bin/python that imports torch)
 #   LOOM_GPU_BUILD     build tree (default build-gpu)    JOBS  build jobs (default nproc)
-#   LOOM_GPU_BUDGET_S  total seconds (default 470)
+#   LOOM_GPU_BUDGET_S  total seconds (default 540)
 # Exit status: 0 all ran and passed; 1 a step failed; 77 no GPU (nothing run on a device).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -18,7 +18,7 @@ out=${1:-${OUT:-$root/build-gpu-report}}
 third=${LOOM_THIRD_PARTY:-$root/build-gpu-deps}
 build=${LOOM_GPU_BUILD:-$root/build-gpu}
 jobs=${JOBS:-$(nproc)}
-deadline=$((SECONDS + ${LOOM_GPU_BUDGET_S:-470}))
+deadline=$((SECONDS + ${LOOM_GPU_BUDGET_S:-540}))
 mkdir -p "$out"
 report="$out/gpu-check.md"
 : >"$report"
@@ -79,7 +79,8 @@ say "- configured in ${SECONDS}s"
 
 # 3. Build only what the check runs.
 targets=(loom_gpu_tests loom_precision_tests loom_bench_prefetch_cuda loom_bench_fp8_mlp
-         loom_bench_checkpoint loom_bench_activation_checkpoint)  # + optim.parity_cuda
+         loom_bench_checkpoint loom_bench_activation_checkpoint  # + optim.parity_cuda
+         loom_fabric_train)  # section 10: a step as one CUDA graph
 # dist.cuda_nccl, dist.cuda_gloo, dist.cuda_zero (loom::Zero stage 2 on NCCL, one rank)
 [ -f "$third/gloo/algorithm.h" ] && targets+=(loom_dist_worker)
 # The DDP cost benchmark (section 7): loom::dist and CLI11's packed headers.
@@ -240,6 +241,21 @@ if timeout "$budget" "$build/benchmarks/loom_bench_activation_checkpoint" --cuda
   sed 's/^/    /' "$out/activation_checkpoint_cuda.txt" >>"$report"
 else
   say "- failed or timed out: activation_checkpoint_cuda.txt"
+fi
+
+# 10. A whole step as one CUDA graph (docs/runtime.md, docs/benchmarks.md part 8): loom eager,
+#     loom through loom::cuda::GraphedStep, raw PyTorch eager with the fused optimizer, a
+#     torch.compile'd step and Python's torch.cuda.graph capture, tiny and large MLP, 32-true,
+#     fused Adam. At most 150 s; reported (the bitwise replay test is in ctest -L gpu).
+say ""
+say "## A step as one CUDA graph (benchmarks/fabric/raw_vs_loom.py --device cuda)"
+budget=$(left); [ "$budget" -gt 150 ] && budget=150
+if timeout "$budget" "$py" "$root/benchmarks/fabric/raw_vs_loom.py"      --loom-bin "$build/benchmarks/fabric/loom_fabric_train" --device cuda --threads 1      --sizes tiny,large --precisions 32-true --optimizers adam --reps 2      --out "$out/raw_vs_loom_cuda.json" >"$out/raw_vs_loom_cuda.txt" 2>&1; then
+  say ""
+  sed 's/^/    /' "$out/raw_vs_loom_cuda.txt" >>"$report"
+else
+  say "- failed or timed out: raw_vs_loom_cuda.txt"
+  tail -n 5 "$out/raw_vs_loom_cuda.txt" | sed 's/^/    /' >>"$report"
 fi
 
 # ---- Optional: loom vs Lightning Fabric on CUDA (scripts/gpu-fabric-check.sh) ----------------

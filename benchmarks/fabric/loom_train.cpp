@@ -5,6 +5,8 @@
 //   loom_fabric_train --dir D --sizes 32,64,64,10 --batch 32 --batches 8 --precision 32-true
 //                     --steps 500 --warmup 20 --reps 3 --threads 2 [--device cpu|cuda]
 //                     [--optimizer libtorch-sgd|sgd|adam]  (LibTorch SGD, or loom::optim fused)
+//                     [--graph 1]  (the step through loom::cuda::GraphedStep: one CUDA graph on
+//                                   CUDA, eager over static buffers on the CPU; fused only)
 //
 // Reads D/init_<i>.bin (f32, the i-th parameter in nn.Sequential order), D/x.bin
 // (batches, batch, in) f32 and D/y.bin (batches, batch) i64; writes D/loom_final_<i>.bin (f32).
@@ -14,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
@@ -30,6 +33,7 @@
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
+#include <loom/cuda/graphed_step.hpp>
 #include <loom/loom.hpp>
 
 namespace {
@@ -40,6 +44,7 @@ struct Options {
   std::vector<int64_t> sizes;
   int64_t batch = 32, batches = 8;
   int steps = 100, warmup = 10, reps = 3, threads = 2;
+  bool graph = false;
 };
 
 at::Tensor read_bin(const std::string& path, at::IntArrayRef shape, at::ScalarType dtype) {
@@ -107,14 +112,28 @@ std::vector<double> train(const Options& o, Device device, P policy) {
     auto opt_ptr = make_optimizer(o, model->parameters());
     auto& opt = *opt_ptr;
     rt.setup(model, opt);
-    auto step = [&](int i) {
-      auto [x, y] = rt.to_device(std::make_tuple(xs[i % o.batches], ys[i % o.batches]));
-      auto out = rt.forward(model, x);  // (B, classes)
-      auto loss = torch::nn::functional::cross_entropy(out, y);
-      rt.backward(loss, model);
-      rt.optimizer_step(opt);
-      opt.zero_grad();
-    };
+    std::function<void(int)> step;
+    std::unique_ptr<loom::cuda::GraphedStep> graphed;
+    if (o.graph) {  // static buffers on the device; each batch copied in, then the step
+      graphed = std::make_unique<loom::cuda::GraphedStep>(
+          rt, std::vector<at::Tensor>{rt.to_device(xs[0]).clone(), rt.to_device(ys[0]).clone()},
+          loom::cuda::GraphedStep::OptimizerList{opt}, [&](const std::vector<at::Tensor>& in) {
+            auto loss = torch::nn::functional::cross_entropy(rt.forward(model, in[0]), in[1]);
+            rt.backward(loss, model);
+            rt.optimizer_step(opt);
+            return loss.detach();
+          });
+      step = [&](int i) { (*graphed)({xs[i % o.batches], ys[i % o.batches]}); };
+    } else {
+      step = [&](int i) {
+        auto [x, y] = rt.to_device(std::make_tuple(xs[i % o.batches], ys[i % o.batches]));
+        auto out = rt.forward(model, x);  // (B, classes)
+        auto loss = torch::nn::functional::cross_entropy(out, y);
+        rt.backward(loss, model);
+        rt.optimizer_step(opt);
+        opt.zero_grad();
+      };
+    }
     int i = 0;
     for (; i < o.warmup; ++i) step(i);
     if (o.device == "cuda") torch::cuda::synchronize();
@@ -158,6 +177,8 @@ int main(int argc, char** argv) {
         o.reps = std::stoi(v);
       else if (a == "--threads")
         o.threads = std::stoi(v);
+      else if (a == "--graph")
+        o.graph = v == "1";
       else if (a == "--sizes") {
         std::stringstream ss(v);
         for (std::string s; std::getline(ss, s, ',');) o.sizes.push_back(std::stoll(s));

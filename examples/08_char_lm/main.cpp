@@ -379,13 +379,13 @@ Result train(RT& rt, const Options& o) {
       const at::Tensor l = rt.backward(loss, model);
       step_loss = step_loss.defined() ? step_loss + l : l;
     }
-    const double norm = rt.clip_gradients(opt, o.clip);
+    const loom::GradNorm norm = rt.clip_gradients(opt, o.clip);  // on the device
     const loom::StepResult applied = rt.optimizer_step(opt);
     schedule.step(applied);  // a skipped 16-mixed step does not advance the schedule
     ema.update();
     opt.zero_grad();
     const double lr = opt.param_groups()[0].options().get_lr();
-    rt.log_dict({{"train/loss", step_loss}, {"train/grad_norm", norm}, {"lr", lr}}, step);
+    rt.log_dict({{"train/loss", step_loss}, {"train/grad_norm", norm.tensor()}, {"lr", lr}}, step);
     rt.log_dict(speed.step(o.batch_size * o.accumulate), step);
     ++step;
     progress.step(o.batch_size * o.accumulate, step_loss.template item<double>());

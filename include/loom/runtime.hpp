@@ -52,6 +52,7 @@
 #include <loom/detail/checkpoint_files.hpp>
 #include <loom/detail/families.hpp>
 #include <loom/detail/module.hpp>
+#include <loom/detail/runtime_steps.hpp>
 #include <loom/detail/state_merge.hpp>
 #include <loom/dist/single_process.hpp>
 #include <loom/error.hpp>
@@ -228,7 +229,7 @@ class Runtime {
   /// on its own inf/nan, then the scale is updated once from all their checks. An empty list
   /// or an optimizer named twice is a loom::Error.
   std::vector<StepResult> optimizer_step(Optimizers optimizers) {
-    check_distinct(optimizers);
+    detail::check_distinct(optimizers);
     agree_before_step();
     return strategy_.optimizer_step(
         optimizers,
@@ -250,15 +251,20 @@ class Runtime {
   }
 
   /// Clips the total gradient norm of the optimizer's parameters to `max_norm` (nothing if
-  /// max_norm <= 0) and returns the norm before clipping; unscales first under 16-mixed. When
-  /// a gradient is not finite the norm is nan (a 16-mixed overflow step: the step then skips).
-  double clip_gradients(torch::optim::Optimizer& optimizer, double max_norm,
-                        double norm_type = 2.0) {
-    if (max_norm <= 0) return 0.0;
-    return strategy_.clip_gradients(optimizer, max_norm, norm_type, [&](double threshold) {
+  /// max_norm <= 0) and returns the norm before clipping; unscales first under 16-mixed.
+  /// Python's `clip_grad_norm_(foreach=True)`: the norm is computed and the gradients scaled on
+  /// the device, so clipping makes no host sync; the GradNorm reads the norm when asked. When
+  /// a gradient is not finite the norm is nan or inf (a 16-mixed overflow step: the step then
+  /// skips); `error_if_nonfinite` reads the norm (one sync) and makes that a loom::Error.
+  GradNorm clip_gradients(torch::optim::Optimizer& optimizer, double max_norm,
+                          double norm_type = 2.0, bool error_if_nonfinite = false) {
+    if (max_norm <= 0) return GradNorm(0.0);
+    GradNorm norm = strategy_.clip_gradients(optimizer, max_norm, norm_type, [&](double threshold) {
       return precision_.clip_gradients(optimizer, threshold, precision::ClipAlgorithm::Norm,
                                        norm_type);
     });
+    if (error_if_nonfinite) detail::check_finite_norm(norm, norm_type);
+    return norm;
   }
 
   /// Clips every gradient element of the optimizer's parameters to [-value, value] (nothing
@@ -368,19 +374,6 @@ class Runtime {
     if (strategy_.world_size() > 1) {
       at::Tensor shared = precision_.max_reduced_before_step();
       if (shared.defined()) strategy_.all_reduce(shared, dist::ReduceOp::Max);
-    }
-  }
-
-  static void check_distinct(Optimizers optimizers) {
-    if (optimizers.empty()) throw Error("loom::Runtime::optimizer_step: no optimizers given");
-    for (std::size_t i = 0; i < optimizers.size(); ++i) {
-      for (std::size_t j = 0; j < i; ++j) {
-        if (&optimizers[i].get() == &optimizers[j].get()) {
-          std::string what = "loom::Runtime::optimizer_step: optimizer ";
-          what.append(std::to_string(i)).append(" is optimizer ").append(std::to_string(j));
-          throw Error(what.append(" again; each steps once per step"));
-        }
-      }
     }
   }
 

@@ -1,11 +1,12 @@
 #pragma once
-// loom::StepResult: whether an optimizer step was applied, read from the device only when
-// asked.
+// loom::StepResult and loom::GradNorm: whether an optimizer step was applied and the gradient
+// norm before clipping, each read from the device only when asked.
 #include <functional>
 #include <optional>
 #include <span>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/scalar_tensor.h>
 
 namespace torch::optim {
 class Optimizer;
@@ -49,6 +50,40 @@ class StepResult {
  private:
   at::Tensor found_inf_;
   mutable std::optional<bool> applied_;
+};
+
+/// What `clip_gradients` returns: the total norm of the gradients before clipping, as
+/// Python's `clip_grad_norm_` returns it (a 0-dim tensor on the gradients' device, nan or inf
+/// when a gradient is not finite), or a value known on the host (0: nothing was clipped).
+///
+/// Clipping computes the norm and scales the gradients on the device, so it needs no host
+/// sync; value() reads the norm (one sync, once: the result caches it). tensor() hands the
+/// norm over without reading it (to log it: loggers read tensors when they flush).
+class GradNorm {
+ public:
+  /// A norm known on the host (0 when nothing was clipped).
+  GradNorm(double value = 0.0) : value_(value) {}  // NOLINT: implicit, from a host norm
+  /// A norm still on the device: a 0-dim floating tensor.
+  explicit GradNorm(at::Tensor norm) : norm_(std::move(norm)) {}
+
+  /// The norm; the first call on a device-side norm waits for the device and reads it.
+  double value() const {
+    if (!value_) value_ = norm_.item<double>();
+    return *value_;
+  }
+  explicit operator double() const { return value(); }
+
+  /// Whether value() is known without reading the device.
+  bool known() const noexcept { return value_.has_value(); }
+
+  /// The norm as a tensor: the device-side one, or a 0-dim f64 CPU tensor of a known value.
+  at::Tensor tensor() const {
+    return norm_.defined() ? norm_ : at::scalar_tensor(*value_, at::TensorOptions(at::kDouble));
+  }
+
+ private:
+  at::Tensor norm_;
+  mutable std::optional<double> value_;
 };
 
 }  // namespace loom

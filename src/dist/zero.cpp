@@ -25,6 +25,8 @@
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include <loom/amp/grad_scaler.hpp>
+#include <loom/detail/clip_grad.hpp>
+#include <loom/detail/precision_defaults.hpp>
 #include <loom/error.hpp>
 #include <loom/optim/optimizer_table.hpp>
 
@@ -471,12 +473,13 @@ void Zero::broadcast_parameters() {
   }
 }
 
-double Zero::clip_shard(torch::optim::Optimizer& optimizer, double max_norm, double norm_type,
-                        double local) {
+GradNorm Zero::clip_shard(torch::optim::Optimizer& optimizer, double max_norm, double norm_type,
+                          const GradNorm& local) {
   auto& s = DdpAccess::state(ddp_);
   const bool inf_norm = std::isinf(norm_type);
-  at::Tensor t = at::full({1}, inf_norm ? local : std::pow(local, norm_type),
-                          at::TensorOptions().dtype(at::kDouble).device(s.device));
+  // The shard's norm (or its p-th power) all-reduced on the device: no host read.
+  at::Tensor t = local.tensor().to(s.device, at::kDouble).reshape({1});
+  t = inf_norm ? t.clone() : t.pow(norm_type);
   try {
     std::vector<at::Tensor> tensors{t};
     c10d::AllreduceOptions o;
@@ -486,18 +489,10 @@ double Zero::clip_shard(torch::optim::Optimizer& optimizer, double max_norm, dou
   } catch (...) {
     fail("the gradient norm's all-reduce in clip_gradients", std::current_exception());
   }
-  const double reduced = t.cpu().item<double>();
-  const double total = inf_norm ? reduced : std::pow(reduced, 1.0 / norm_type);
-  const double coef = max_norm / (total + 1e-6);
-  if (coef < 1.0) {
-    at::NoGradGuard no_grad;
-    for (auto& group : optimizer.param_groups()) {
-      for (auto& p : group.params()) {
-        if (p.grad().defined()) p.mutable_grad().mul_(coef);
-      }
-    }
-  }
-  return total;
+  at::Tensor total = (inf_norm ? t : t.pow(1.0 / norm_type)).reshape({});
+  loom::detail::clip_grads_with_norm(loom::detail::grads_of(loom::detail::all_params(optimizer)),
+                                     max_norm, total);
+  return GradNorm(std::move(total));
 }
 
 ShardMemory Zero::memory(const torch::optim::Optimizer& optimizer) const {

@@ -78,7 +78,8 @@ struct RecordingStrategy : dist::Defaults<RecordingStrategy> {
     return result;
   }
   template <class Clip>
-  double clip_gradients(torch::optim::Optimizer&, double max_norm, double norm_type, Clip&& clip) {
+  loom::GradNorm clip_gradients(torch::optim::Optimizer&, double max_norm, double norm_type,
+                                Clip&& clip) {
     log->push_back("clip " + std::to_string(static_cast<int>(max_norm)) + " norm " +
                    std::to_string(static_cast<int>(norm_type)));
     return clip(max_norm);
@@ -141,10 +142,10 @@ TEST_CASE("Runtime calls the strategy's hooks in the step table's order", "[runt
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.5));
   torch::optim::SGD other(std::vector<torch::Tensor>{torch::zeros({1}, torch::requires_grad())},
                           torch::optim::SGDOptions(0.5));
-  const double norm = rt.clip_gradients(sgd, 1000.0, 1.0);
+  const double norm = rt.clip_gradients(sgd, 1000.0, 1.0).value();
   CHECK(log.back() == "clip 1000 norm 1");
-  CHECK(norm == Approx(4.0 * 3 * 2 + 4.0 * 2));  // |grad| sums: weight 24, bias 8
-  CHECK(rt.clip_gradients(sgd, 0.0) == 0.0);     // nothing to clip: the strategy is not asked
+  CHECK(norm == Approx(4.0 * 3 * 2 + 4.0 * 2));       // |grad| sums: weight 24, bias 8
+  CHECK(rt.clip_gradients(sgd, 0.0).value() == 0.0);  // nothing to clip: the strategy is not asked
   CHECK(log.back() == "clip 1000 norm 1");
   const auto before = model->weight.detach().clone();
   CHECK(rt.optimizer_step(sgd).applied());

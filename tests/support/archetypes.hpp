@@ -98,9 +98,9 @@ struct PrecisionArchetype {
   }
   void unscale_gradients(torch::optim::Optimizer&) requires(Missing !=
                                                             p_precision_has_unscale_gradients) {}
-  double clip_gradients(torch::optim::Optimizer&, double, precision::ClipAlgorithm,
-                        double) requires(Missing != p_precision_has_clip_gradients) {
-    return 0.0;
+  GradNorm clip_gradients(torch::optim::Optimizer&, double, precision::ClipAlgorithm,
+                          double) requires(Missing != p_precision_has_clip_gradients) {
+    return GradNorm(0.0);
   }
   double loss_scale() const requires(Missing != p_precision_has_loss_scale) { return 1.0; }
   StateDict state_dict() const requires(Missing != p_has_state_dict) { return {}; }
@@ -177,8 +177,8 @@ struct StrategyArchetype {
     return step();
   }
   template <class Clip>
-  double clip_gradients(torch::optim::Optimizer&, double max_norm, double,
-                        Clip&& clip) requires(Missing != s_strategy_has_clip_gradients) {
+  GradNorm clip_gradients(torch::optim::Optimizer&, double max_norm, double,
+                          Clip&& clip) requires(Missing != s_strategy_has_clip_gradients) {
     return clip(max_norm);
   }
   void save_checkpoint(

@@ -36,7 +36,7 @@ namespace loom {
 ///                                                      (one step of several optimizers)
 ///   p.main_params(o)         std::vector<Tensor>       every param of every group
 ///   p.unscale_gradients(o)   void                      nothing (no loss scaling)
-///   p.clip_gradients(o, v, a, n)  double               unscale_gradients(o), then clip
+///   p.clip_gradients(o, v, a, n)  GradNorm             unscale_gradients(o), then clip
 ///                                                      main_params(o); the norm, or 0
 ///   cp.loss_scale()          double                    1.0 (no loss scaling)
 ///   + Checkpointable<P>: state_dict {}, load_state_dict (non-empty: loom::Error), teardown

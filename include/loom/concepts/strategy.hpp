@@ -32,7 +32,7 @@ namespace loom {
 ///   s.broadcast(t, src)      void (t in place)         nothing; src must be 0
 ///   s.all_gather(t)          std::vector<Tensor>       {t.clone()}
 ///   s.optimizer_step(os, unscale, step)  step()'s      step()
-///   s.clip_gradients(o, max, type, clip)  double       clip(max)
+///   s.clip_gradients(o, max, type, clip)  GradNorm     clip(max)
 ///   s.save_checkpoint(path, v, io)  void               io.save(path, v): it writes
 ///   s.load_checkpoint(path, io, dev)  c10::IValue      io.load(path, dev): it reads
 ///   + Checkpointable<S>: state_dict {}, load_state_dict (non-empty: loom::Error), teardown

@@ -2,10 +2,12 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
-#include <torch/nn/utils/clip_grad.h>
+#include <torch/nn/utils/clip_grad.h>  // clip_grad_value_
 #include <torch/optim/optimizer.h>
 
 #include <loom/concepts/precision_policy.hpp>
+#include <loom/detail/clip_grad.hpp>
+#include <loom/step_result.hpp>
 
 // The bodies of precision::Defaults<Self> that do not depend on Self, as plain inline
 // functions: compiled once per translation unit instead of once per precision policy.
@@ -20,15 +22,15 @@ inline std::vector<at::Tensor> all_params(torch::optim::Optimizer& optimizer) {
   return params;
 }
 
-/// Clips the gradients of `params`; returns the total norm for ClipAlgorithm::Norm, else 0.
-inline double clip_params(const std::vector<at::Tensor>& params, double value,
-                          precision::ClipAlgorithm algorithm, double norm_type) {
+/// Clips the gradients of `params`; returns the total norm (on the device) for
+/// ClipAlgorithm::Norm, else 0.
+inline GradNorm clip_params(const std::vector<at::Tensor>& params, double value,
+                            precision::ClipAlgorithm algorithm, double norm_type) {
   if (algorithm == precision::ClipAlgorithm::Value) {
     torch::nn::utils::clip_grad_value_(params, value);
-    return 0.0;
+    return GradNorm(0.0);
   }
-  return torch::nn::utils::clip_grad_norm_(params, value, norm_type,
-                                           /*error_if_nonfinite=*/false);
+  return GradNorm(clip_grad_norm(params, value, norm_type));
 }
 
 }  // namespace loom::detail

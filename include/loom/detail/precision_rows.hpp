@@ -104,7 +104,7 @@ concept precision_has_unscale_gradients = requires(P& p, torch::optim::Optimizer
 template <class P>
 concept precision_has_clip_gradients = requires(P& p, torch::optim::Optimizer& o, double v,
                                                 precision::ClipAlgorithm a) {
-  { p.clip_gradients(o, v, a, v) } -> std::same_as<double>;
+  { p.clip_gradients(o, v, a, v) } -> std::same_as<GradNorm>;
 };
 template <class P>
 concept precision_has_loss_scale = requires(const P& p) {
@@ -141,8 +141,8 @@ concept precision_has_loss_scale = requires(const P& p) {
   X(__VA_ARGS__, precision_has_unscale_gradients,                                               \
     "`void unscale_gradients(torch::optim::Optimizer&)`")                                       \
   X(__VA_ARGS__, precision_has_clip_gradients,                                                  \
-    "`double clip_gradients(torch::optim::Optimizer&, double, loom::precision::ClipAlgorithm, " \
-    "double)`")                                                                                 \
+    "`loom::GradNorm clip_gradients(torch::optim::Optimizer&, double, "                         \
+    "loom::precision::ClipAlgorithm, double)`")                                                 \
   X(__VA_ARGS__, precision_has_loss_scale, "`double loss_scale() const`")
 
 #define LOOM_DETAIL_PRECISION_LACKS \

@@ -49,7 +49,7 @@ struct optimizer_step_archetype {
 /// The least the precision's clip a strategy's clip_gradients runs must be: the norm before
 /// clipping at a given threshold.
 struct clip_archetype {
-  double operator()(double) const { return 0.0; }
+  GradNorm operator()(double) const { return GradNorm(0.0); }
 };
 
 template <class S>
@@ -116,7 +116,7 @@ concept strategy_has_optimizer_step = requires(S& s, Optimizers o, unscale_arche
 template <class S>
 concept strategy_has_clip_gradients = requires(S& s, torch::optim::Optimizer& o, double max_norm,
                                                double norm_type, clip_archetype clip) {
-  { s.clip_gradients(o, max_norm, norm_type, clip) } -> std::same_as<double>;
+  { s.clip_gradients(o, max_norm, norm_type, clip) } -> std::same_as<GradNorm>;
 };
 template <class S>
 concept strategy_has_save_checkpoint = requires(S& s, const std::filesystem::path& p,
@@ -154,8 +154,8 @@ concept strategy_has_load_checkpoint = requires(S& s, const std::filesystem::pat
     "`R optimizer_step(loom::Optimizers, Unscale&& unscale, Step&& step)` that returns "        \
     "step()'s R")                                                                               \
   X(__VA_ARGS__, strategy_has_clip_gradients,                                                   \
-    "`double clip_gradients(torch::optim::Optimizer&, double max_norm, double norm_type, "      \
-    "Clip&& clip)`")                                                                            \
+    "`loom::GradNorm clip_gradients(torch::optim::Optimizer&, double max_norm, "                \
+    "double norm_type, Clip&& clip)`")                                                          \
   X(__VA_ARGS__, strategy_has_save_checkpoint,                                                  \
     "`void save_checkpoint(const std::filesystem::path&, const c10::IValue&, "                  \
     "const loom::checkpoint::CheckpointIO&)`")                                                  \

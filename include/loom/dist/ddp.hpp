@@ -287,7 +287,7 @@ class Ddp {
   /// The precision's clip: every rank holds every averaged gradient, so its norm is the
   /// global one.
   template <class Clip>
-  double clip_gradients(torch::optim::Optimizer&, double max_norm, double, Clip&& clip) {
+  GradNorm clip_gradients(torch::optim::Optimizer&, double max_norm, double, Clip&& clip) {
     return std::forward<Clip>(clip)(max_norm);
   }
 

@@ -88,7 +88,7 @@ struct Defaults {
   /// which returns the total norm before clipping. A strategy whose ranks hold different
   /// gradients (loom::Zero stage 2: each its shard's) makes the norm the one over all ranks.
   template <class Clip>
-  double clip_gradients(torch::optim::Optimizer&, double max_norm, double, Clip&& clip) {
+  GradNorm clip_gradients(torch::optim::Optimizer&, double max_norm, double, Clip&& clip) {
     return std::forward<Clip>(clip)(max_norm);
   }
 

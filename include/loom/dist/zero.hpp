@@ -132,10 +132,10 @@ class Zero {
   /// Stage 1: the precision's clip (every rank holds every averaged gradient). Stage 2: the
   /// shard's norm, all-reduced into the global one, then the shard's gradients scaled.
   template <class Clip>
-  double clip_gradients(torch::optim::Optimizer& optimizer, double max_norm, double norm_type,
-                        Clip&& clip) {
+  GradNorm clip_gradients(torch::optim::Optimizer& optimizer, double max_norm, double norm_type,
+                          Clip&& clip) {
     if (stage() == 1 || world_size() == 1) return std::forward<Clip>(clip)(max_norm);
-    const double local = std::forward<Clip>(clip)(std::numeric_limits<double>::infinity());
+    const GradNorm local = std::forward<Clip>(clip)(std::numeric_limits<double>::infinity());
     return clip_shard(optimizer, max_norm, norm_type, local);
   }
 
@@ -202,8 +202,8 @@ class Zero {
   void before_step(Optimizers optimizers);
   void reduce_gradients();
   void broadcast_parameters();
-  double clip_shard(torch::optim::Optimizer& optimizer, double max_norm, double norm_type,
-                    double local);
+  GradNorm clip_shard(torch::optim::Optimizer& optimizer, double max_norm, double norm_type,
+                      const GradNorm& local);
   [[noreturn]] void fail(std::string_view what, std::exception_ptr error);
 
   ZeroOptions options_;

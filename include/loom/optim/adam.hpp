@@ -121,8 +121,9 @@ class AdamLike : public FusedOptimizer {
   using torch::optim::Optimizer::step;
   at::Tensor step(LossClosure closure = nullptr) override {
     check_options<Options>(check);  // options may have changed since construction
-    return run_step<Options>(closure, name(),
-                             [this](const Options& o, Bucket& b) { step_bucket(o, b); });
+    return run_step<Options>(
+        closure, name(),
+        [this](const Options& o, Bucket& b, const at::Tensor* lr) { step_bucket(o, b, lr); });
   }
 
  private:
@@ -143,7 +144,7 @@ class AdamLike : public FusedOptimizer {
       fail("Invalid weight_decay value: " + std::to_string(o.weight_decay()));
   }
 
-  void step_bucket(const Options& o, Bucket& b) {
+  void step_bucket(const Options& o, Bucket& b, const at::Tensor* lr) {
     auto amp = amp_on(b.device);
     const std::size_t n = b.params.size();
     std::vector<at::Tensor> exp_avgs, exp_avg_sqs, max_sqs, steps;
@@ -166,16 +167,23 @@ class AdamLike : public FusedOptimizer {
       exp_avg_sqs.push_back(s.exp_avg_sq());
       if (o.amsgrad()) max_sqs.push_back(s.max_exp_avg_sq());
     }
-    const auto [beta1, beta2] = o.betas();
+    const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
     at::_foreach_add_(steps, 1);
-    if constexpr (Decoupled) {
-      at::_fused_adamw_(b.params, b.grads, exp_avgs, exp_avg_sqs, max_sqs, steps, o.lr(), beta1,
-                        beta2, o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(), amp.grad_scale,
-                        amp.found_inf);
+    auto fused = [&](const auto& rate) {  // a host double, or the group's lr tensor
+      if constexpr (Decoupled) {
+        at::_fused_adamw_(b.params, b.grads, exp_avgs, exp_avg_sqs, max_sqs, steps, rate, beta1,
+                          beta2, o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(),
+                          amp.grad_scale, amp.found_inf);
+      } else {
+        at::_fused_adam_(b.params, b.grads, exp_avgs, exp_avg_sqs, max_sqs, steps, rate, beta1,
+                         beta2, o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(),
+                         amp.grad_scale, amp.found_inf);
+      }
+    };
+    if (lr != nullptr) {
+      fused(*lr);
     } else {
-      at::_fused_adam_(b.params, b.grads, exp_avgs, exp_avg_sqs, max_sqs, steps, o.lr(), beta1,
-                       beta2, o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(), amp.grad_scale,
-                       amp.found_inf);
+      fused(o.lr());
     }
     if (amp.found_inf) {  // a skipped step does not count (on the device: no sync)
       at::_foreach_sub_(steps, std::vector<at::Tensor>(n, *amp.found_inf));

@@ -7,6 +7,7 @@
 // the optimizer the loss scale and the device-side inf flag (set_amp), as Python's GradScaler
 // does: the kernel unscales the gradients itself and does nothing where the flag is set, so
 // the step needs no host sync (docs/optim.md).
+#include <cstddef>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,6 +16,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/full.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <torch/optim/optimizer.h>
@@ -60,6 +62,55 @@ class FusedOptimizer : public torch::optim::Optimizer {
 
   /// Whether set_amp has given the next step a found_inf flag.
   bool has_found_inf() const noexcept { return found_inf_.has_value(); }
+
+  /// Python's `capturable` learning rate (`torch.optim.AdamW(..., lr=torch.tensor(...))`):
+  /// with `on`, every step hands each param group's lr to the fused kernel as a one-element
+  /// tensor on the parameters' device (the kernels' `tensor_lr` overloads) instead of a host
+  /// double, so a step captured in a CUDA graph reads the lr at replay instead of freezing
+  /// the one it was captured with. The lr still lives in the group's options (get_lr/set_lr,
+  /// every scheduler, state_dict); update_lr_tensors() copies it into the tensors. f64 on the
+  /// CPU (the CPU kernels read it as a double: bitwise the double path); f32 on CUDA (the CUDA
+  /// kernels read a float, as Python's: the lr is rounded to f32 there).
+  void set_tensor_lr(bool on) {
+    tensor_lr_ = on;
+    lr_tensors_.clear();
+  }
+  bool tensor_lr() const noexcept { return tensor_lr_; }
+
+  /// Writes each param group's lr into its tensors where it changed since the last write (an
+  /// in-place fill on the device: no host sync). step() calls it first; a captured step,
+  /// replayed without running step(), needs it before each replay (loom::cuda::GraphedStep
+  /// calls it), outside the graph: a schedule writes the group's lr, this writes the tensor.
+  void update_lr_tensors() {
+    at::NoGradGuard no_grad;
+    for (auto& t : lr_tensors_) {
+      const double lr = param_groups_.at(t.group).options().get_lr();
+      if (lr != t.written) {
+        t.value.fill_(lr);
+        t.written = lr;
+      }
+    }
+  }
+
+  /// Makes the lr tensor of every param group on every device its parameters are on (before a
+  /// CUDA graph capture: a tensor made during one would be filled once, at capture).
+  void prepare_lr_tensors() {
+    for (std::size_t g = 0; g < param_groups_.size(); ++g) {
+      for (const auto& p : param_groups_[g].params()) (void)lr_tensor(g, p.device());
+    }
+  }
+
+  /// The lr tensor of param group `group` on `device`: made (and filled) on first use.
+  const at::Tensor& lr_tensor(std::size_t group, const c10::Device& device) {
+    for (const auto& t : lr_tensors_) {
+      if (t.group == group && t.device == device) return t.value;
+    }
+    const double lr = param_groups_.at(group).options().get_lr();
+    const auto dtype = device.is_cpu() ? c10::kDouble : c10::kFloat;
+    at::Tensor value = at::full({}, lr, at::TensorOptions().dtype(dtype).device(device));
+    lr_tensors_.push_back(LrTensor{group, device, std::move(value), lr});
+    return lr_tensors_.back().value;
+  }
 
  protected:
   /// One fused call's tensors: the parameters of one param group on one device with one dtype.
@@ -117,8 +168,10 @@ class FusedOptimizer : public torch::optim::Optimizer {
     for (const auto& g : param_groups()) check(static_cast<const Options&>(g.options()));
   }
 
-  /// step()'s frame: without grad mode (the closure, if any, with it), `each(options, bucket)`
-  /// for every (device, dtype) bucket of every param group, then the AMP tensors cleared.
+  /// step()'s frame: without grad mode (the closure, if any, with it), `each(options, bucket,
+  /// lr)` for every (device, dtype) bucket of every param group, where `lr` is the group's lr
+  /// tensor on the bucket's device under set_tensor_lr(true), else nullptr; then the AMP
+  /// tensors cleared.
   template <class Options, class Each>
   at::Tensor run_step(const LossClosure& closure, const char* who, Each&& each) {
     at::NoGradGuard no_grad;
@@ -127,9 +180,12 @@ class FusedOptimizer : public torch::optim::Optimizer {
       at::AutoGradMode enable(true);
       loss = closure();
     }
-    for (auto& group : param_groups_) {
-      const auto& o = static_cast<const Options&>(group.options());
-      for (auto& b : buckets(group.params(), who)) each(o, b);
+    if (tensor_lr_) update_lr_tensors();
+    for (std::size_t g = 0; g < param_groups_.size(); ++g) {
+      const auto& o = static_cast<const Options&>(param_groups_[g].options());
+      for (auto& b : buckets(param_groups_[g].params(), who)) {
+        each(o, b, tensor_lr_ ? &lr_tensor(g, b.device) : nullptr);
+      }
     }
     clear_amp();
     return loss;
@@ -179,8 +235,17 @@ class FusedOptimizer : public torch::optim::Optimizer {
   }
 
  private:
+  struct LrTensor {
+    std::size_t group;
+    c10::Device device;
+    at::Tensor value;
+    double written;  // the lr last filled in
+  };
+
   std::optional<at::Tensor> grad_scale_, found_inf_;
   std::vector<std::pair<c10::Device, at::Tensor>> scale_cache_, found_cache_;
+  bool tensor_lr_ = false;
+  std::vector<LrTensor> lr_tensors_;
 };
 
 }  // namespace loom::optim

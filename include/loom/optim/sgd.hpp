@@ -92,8 +92,9 @@ class SGD : public FusedOptimizer {
   using torch::optim::Optimizer::step;
   at::Tensor step(LossClosure closure = nullptr) override {
     check_options<SGDOptions>(check);  // options may have changed since construction
-    return run_step<SGDOptions>(closure, "SGD",
-                                [this](const SGDOptions& o, Bucket& b) { step_bucket(o, b); });
+    return run_step<SGDOptions>(
+        closure, "SGD",
+        [this](const SGDOptions& o, Bucket& b, const at::Tensor* lr) { step_bucket(o, b, lr); });
   }
 
  private:
@@ -112,7 +113,7 @@ class SGD : public FusedOptimizer {
     }
   }
 
-  void step_bucket(const SGDOptions& o, Bucket& b) {
+  void step_bucket(const SGDOptions& o, Bucket& b, const at::Tensor* lr) {
     auto amp = amp_on(b.device);
     std::vector<at::Tensor> bufs;
     bool first = false;
@@ -133,8 +134,14 @@ class SGD : public FusedOptimizer {
       // buf = grad exactly when dampening is 0; otherwise the kernel's first-step path.
       first = none && o.dampening() != 0;
     }
-    at::_fused_sgd_(b.params, b.grads, bufs, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
-                    o.nesterov(), o.maximize(), first, amp.grad_scale, amp.found_inf);
+    if (lr != nullptr) {
+      at::_fused_sgd_(b.params, b.grads, bufs, o.weight_decay(), o.momentum(), *lr, o.dampening(),
+                      o.nesterov(), o.maximize(), first, amp.grad_scale, amp.found_inf);
+    } else {
+      at::_fused_sgd_(b.params, b.grads, bufs, o.weight_decay(), o.momentum(), o.lr(),
+                      o.dampening(), o.nesterov(), o.maximize(), first, amp.grad_scale,
+                      amp.found_inf);
+    }
     if (first && amp.found_inf && amp.found_inf->item<float>() != 0) {  // once: see the class
       for (auto& p : b.params) state_.erase(p.unsafeGetTensorImpl());
     }

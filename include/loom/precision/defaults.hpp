@@ -78,10 +78,11 @@ struct Defaults {
 
   /// Unscales (self's unscale_gradients), then clips the gradients of self's main_params(o);
   /// `value <= 0` clips nothing. Returns the total norm before clipping for
-  /// ClipAlgorithm::Norm (nan or inf when a gradient is not finite), 0 otherwise.
-  double clip_gradients(torch::optim::Optimizer& optimizer, double value, ClipAlgorithm algorithm,
-                        double norm_type = 2.0) {
-    if (value <= 0) return 0.0;
+  /// ClipAlgorithm::Norm (nan or inf when a gradient is not finite), 0 otherwise. The norm is
+  /// Python's `clip_grad_norm_(foreach=True)`, computed and applied on the device: no sync.
+  GradNorm clip_gradients(torch::optim::Optimizer& optimizer, double value, ClipAlgorithm algorithm,
+                          double norm_type = 2.0) {
+    if (value <= 0) return GradNorm(0.0);
     self().unscale_gradients(optimizer);
     return detail::clip_params(self().main_params(optimizer), value, algorithm, norm_type);
   }

@@ -107,9 +107,9 @@ struct Fp16Mixed : Mixed<Fp16Mixed, c10::kHalf> {
     if (scaler_.stage(optimizer) == amp::GradScaler::Stage::Ready) scaler_.unscale_(optimizer);
   }
 
-  double clip_gradients(torch::optim::Optimizer& optimizer, double value, ClipAlgorithm algorithm,
-                        double norm_type = 2.0) {
-    if (value <= 0) return 0.0;
+  GradNorm clip_gradients(torch::optim::Optimizer& optimizer, double value, ClipAlgorithm algorithm,
+                          double norm_type = 2.0) {
+    if (value <= 0) return GradNorm(0.0);
     if (amp::unscales_itself(optimizer)) {
       throw Error(
           "loom: 16-mixed cannot clip the gradients of an optimizer that unscales them "

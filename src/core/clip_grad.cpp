@@ -1,0 +1,75 @@
+// Gradient clipping by total norm, Python's `clip_grad_norm_(foreach=True)` arithmetic, with
+// no host sync: the norm stays a tensor and the gradients are scaled on their device.
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <loom/detail/clip_grad.hpp>
+
+namespace loom::detail {
+
+namespace {
+
+/// `tensors` split by (device, dtype), groups in first-seen order, each in the given order.
+std::vector<std::vector<at::Tensor>> by_device_and_dtype(const std::vector<at::Tensor>& tensors) {
+  std::vector<std::vector<at::Tensor>> groups;
+  for (const auto& t : tensors) {
+    std::vector<at::Tensor>* group = nullptr;
+    for (auto& g : groups) {
+      if (g.front().device() == t.device() && g.front().scalar_type() == t.scalar_type()) {
+        group = &g;
+        break;
+      }
+    }
+    if (group == nullptr) group = &groups.emplace_back();
+    group->push_back(t);
+  }
+  return groups;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  grads.reserve(params.size());
+  for (const auto& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  return grads;
+}
+
+at::Tensor total_norm(const std::vector<at::Tensor>& grads, double norm_type) {
+  if (grads.empty()) return at::zeros({}, at::kFloat);
+  std::vector<at::Tensor> norms;
+  norms.reserve(grads.size());
+  const auto first_device = grads.front().device();
+  for (const auto& group : by_device_and_dtype(grads)) {
+    for (auto& n : at::_foreach_norm(group, norm_type)) norms.push_back(n.to(first_device));
+  }
+  return at::linalg_vector_norm(at::stack(norms), norm_type);
+}
+
+void clip_grads_with_norm(const std::vector<at::Tensor>& grads, double max_norm,
+                          const at::Tensor& total) {
+  if (grads.empty()) return;
+  at::NoGradGuard no_grad;
+  // Python's `max_norm / (total_norm + 1e-6)` is `(total_norm + 1e-6).reciprocal() * max_norm`
+  // (Tensor.__rtruediv__); then clamped to 1, so gradients are never scaled up.
+  const at::Tensor coef = at::clamp_max((total + 1e-6).reciprocal() * max_norm, 1.0);
+  for (const auto& group : by_device_and_dtype(grads)) {
+    at::_foreach_mul_(group, coef.to(group.front().device()));
+  }
+}
+
+at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
+                          double norm_type) {
+  at::NoGradGuard no_grad;
+  const auto grads = grads_of(params);
+  at::Tensor total = total_norm(grads, norm_type);
+  clip_grads_with_norm(grads, max_norm, total);
+  return total;
+}
+
+}  // namespace loom::detail
