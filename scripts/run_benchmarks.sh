@@ -4,7 +4,7 @@
 # docs/benchmarks/benchmarks.png. About 6 to 10 minutes on 2 cores. Never part of the tests.
 #
 #   scripts/run_benchmarks.sh [--install-lightning] [--skip-fabric] [--skip-compile-time]
-#                             [--skip-ddp]
+#                             [--skip-ddp] [--skip-raw] [--skip-contention]
 #
 #   1. overhead   loom::Runtime vs hand-written LibTorch vs virtual hooks, all six precisions:
 #                 instructions per step under callgrind, wall and CPU time natively
@@ -20,6 +20,10 @@
 #                 steps by hand, best of 7 (compile times vary 10-30% run to run on 2 cores)
 #   6. ddp        loom::Ddp vs Python DDP: 2 ranks, gloo, CPU, one thread each; tiny, medium,
 #                 large MLP; plus the all-reduce overlap (benchmarks/ddp/)
+#   8. raw        loom vs raw PyTorch eager (fused optimizer, no Fabric) and a torch.compile'd
+#                 step (compile time reported); CPU, 1 thread (benchmarks/fabric/raw_vs_loom.py)
+#   9. contention the medium MLP, loom vs Python, 1 and 2 threads, quiet and with a busy
+#                 process beside it, default and passive OpenMP waiting (benchmarks/threads/)
 #   report        docs/benchmarks.md and the plot (installs matplotlib into the venv if missing);
 #                 part 5 of the page (each precision on the CPU) is measured by hand and kept
 #
@@ -30,13 +34,15 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 LOOM_BUILD_DIR=${LOOM_BUILD_DIR:-$(cd "$here/.." && pwd)/build-bench}
 JOBS=${JOBS:-1}
 source "$here/lib.sh"
-install_lightning=0 fabric=1 compile=1 ddp=1
+install_lightning=0 fabric=1 compile=1 ddp=1 raw_eager=1 contention=1
 for a in "$@"; do
   case "$a" in
     --install-lightning) install_lightning=1 ;;
     --skip-fabric) fabric=0 ;;
     --skip-compile-time) compile=0 ;;
     --skip-ddp) ddp=0 ;;
+    --skip-raw) raw_eager=0 ;;
+    --skip-contention) contention=0 ;;
     *) echo "run_benchmarks.sh: unknown argument $a" >&2; exit 2 ;;
   esac
 done
@@ -114,6 +120,20 @@ if [ "$ddp" = 1 ]; then
   echo "ddp run: $(uptime)" >>"$raw/load.txt"
   "$py" "$LOOM_ROOT/benchmarks/ddp/ddp_vs_python.py" --bench "$bin/ddp/loom_bench_ddp" \
     --out "$raw/ddp_vs_python.json" --reps 3
+fi
+# 8. loom vs raw PyTorch eager (fused optimizer, no Fabric) and a torch.compile'd step.
+if [ "$raw_eager" = 1 ]; then
+  log "raw: loom vs raw PyTorch eager and torch.compile (part 8)"
+  echo "raw run: $(uptime)" >>"$raw/load.txt"
+  "$py" "$LOOM_ROOT/benchmarks/fabric/raw_vs_loom.py" --loom-bin "$bin/fabric/loom_fabric_train" \
+    --out "$raw/raw_vs_loom.json" --threads 1 --reps 3
+fi
+# 9. Threads under contention: a busy process beside loom and Python, 1 and 2 threads.
+if [ "$contention" = 1 ]; then
+  log "contention: 1 busy process beside loom and Python (part 9)"
+  echo "contention run: $(uptime)" >>"$raw/load.txt"
+  "$py" "$LOOM_ROOT/benchmarks/threads/contention.py" --loom-bin "$bin/fabric/loom_fabric_train" \
+    --out "$raw/contention.json" --competitors 1 --reps 5
 fi
 echo "after: $(uptime)" >>"$raw/load.txt"
 
