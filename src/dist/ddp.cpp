@@ -38,6 +38,7 @@
 #include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
+#include <loom/checkpoint/shards.hpp>
 #include <loom/detail/env.hpp>
 #include <loom/detail/message_of.hpp>
 #include <loom/detail/refuse_state.hpp>
@@ -914,7 +915,7 @@ void Ddp::save_checkpoint(const std::filesystem::path& path, const c10::IValue& 
 
 c10::IValue Ddp::load_checkpoint(const std::filesystem::path& path,
                                  const checkpoint::CheckpointIO& io, c10::Device device) {
-  return io.load(path, device);
+  return checkpoint::merge_shards(path, io.load(path, device), io, device);
 }
 
 void Ddp::load_state_dict(const StateDict& state) {

@@ -722,7 +722,8 @@ int run_parity() {
 /// Ddp (stage=0) or Zero (stage=1, 2). Step i takes
 /// rows [8i, 8i + 8) of x.bin, each rank its contiguous part; `accumulate` micro-batches;
 /// `clip` > 0 clips the norm; `load` resumes from a checkpoint at step `start`; `save_at`
-/// writes one to `save`. Writes <tag>_rank<r>.bin (the final parameters) and .scaler.
+/// writes one to `save` (`sharded=1`: ZeroCheckpoint::sharded). Writes <tag>_rank<r>.bin (the
+/// final parameters) and .scaler.
 template <class P, class S>
 int run_zero_with(S strategy) {
   const std::string dir = arg("dir", ".");
@@ -814,6 +815,12 @@ int run_zero_precision() {
   loom::ZeroOptions o;
   o.stage = stage;
   o.bucket_bytes = static_cast<std::size_t>(iarg("bucket_bytes", 4 << 20));
+  if (iarg("sharded", 0) != 0) o.checkpoint = loom::ZeroCheckpoint::sharded;
+  if (const auto c = arg("collective", "automatic"); c == "reduce") {
+    o.gradient_collective = loom::ZeroCollective::reduce;
+  } else if (c == "all_reduce") {
+    o.gradient_collective = loom::ZeroCollective::all_reduce;
+  }
   return run_zero_with<P>(loom::Zero(o));
 }
 

@@ -3,7 +3,8 @@
 The same MLP 8-32-32-4, initial weights and data, trained 20 steps with fused AdamW (lr 1e-2,
 weight decay 0.01, StepLR halving the lr every 6 steps) on 2 ranks (gloo, torchrun): by Python's DistributedDataParallel +
 ZeroRedundancyOptimizer(AdamW, fused=True), and by loom (tests/dist/worker.cpp, mode zero)
-under loom::Zero stage 1, stage 2 and loom::Ddp. Step i trains on rows [8i, 8i + 8), each rank
+under loom::Zero stage 1, stage 2 (buckets summed by all-reduce, gloo's automatic choice, and,
+in 32-true and 16-mixed, by reduce to the owner) and loom::Ddp. Step i trains on rows [8i, 8i + 8), each rank
 its half. Cases: 32-true; 16-mixed with a GradScaler that overflows and grows (init scale
 2^20, growth interval 3: scale and growth tracker compared too); bf16-mixed with 4
 micro-batches (no_sync); 32-true with the gradient norm clipped to 0.5. Stage 1 and stage 2
@@ -17,11 +18,18 @@ AdamW(fused=True).load_state_dict continues it 10 steps on the whole batches, an
 Zero on 1 process must match bit for bit; resumed on 2 ranks, Zero stage 1 and stage 2 must
 equal Ddp resumed from the same file.
 
+Then the same run saved with ZeroCheckpoint::sharded (a main file with rank 0's states and an
+index, one file per other rank): Python's consolidation (torch.load and dict.update) gives the
+consolidated file bit for bit; resumed on 1 process, on 2 ranks (Ddp, stage 1, stage 2) and on
+4 (stage 2: each rank reads only its own shard) it continues as the consolidated file does;
+an older save's shard file is removed; a missing shard is an error on every rank.
+
 Usage: python zero_parity.py --worker BIN --dir DIR     (the driver)
 """
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -188,11 +196,15 @@ def driver(worker, d):
         run([__file__, "--role", "python", "--dir", str(d), "--precision", precision,
              "--accumulate", str(k), "--clip", str(clip)], WORLD, f"Python ({what})", attempts=2)
         py = ranks(d, "python", WORLD)
-        for stage in (0, 1, 2):
-            tag = {0: "ddp", 1: "zero1", 2: "zero2"}[stage]
+        # Stage 2 sums its buckets by all-reduce on gloo (automatic); "zero2r" forces the
+        # reduce to the owner (NCCL's choice) so that both collectives are proven.
+        stages = (0, 1, 2, 3) if precision in ("32-true", "16-mixed") and not clip else (0, 1, 2)
+        for stage in stages:
+            tag = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero2r"}[stage]
             out = run(["--no-python", worker, "zero", *common, f"precision={precision}",
-                       f"accumulate={k}", f"clip={clip}", f"stage={stage}", f"tag={tag}",
-                       "bucket_bytes=2048"], WORLD, f"loom {tag} ({what})")
+                       f"accumulate={k}", f"clip={clip}", f"stage={min(stage, 2)}", f"tag={tag}",
+                       "bucket_bytes=2048", f"collective={'reduce' if stage == 3 else 'automatic'}"],
+                      WORLD, f"loom {tag} ({what})")
             if "DIFFER" in out:
                 raise SystemExit(f"zero_parity: loom {tag} ({what}): ranks differ\n{out}")
             lm = ranks(d, tag, WORLD)
@@ -209,7 +221,7 @@ def driver(worker, d):
                          f"({ps[0][2]} backoffs): {'equal' if ok else 'NOT equal'}")
                 same = same and ok and int(ps[0][2]) > 0
             print(line)
-            if stage == 2 and clip:
+            if stage >= 2 and clip:
                 if maxdiff(py, lm) > 1e-5:
                     raise SystemExit(f"zero_parity: stage 2 with clipping is far from Python: {line}")
             elif not same:
@@ -243,7 +255,113 @@ def driver(worker, d):
           f"{max(maxdiff(finals[0], finals[1]), maxdiff(finals[0], finals[2])):g})")
     if not ok:
         raise SystemExit("zero_parity: the resumed shards differ from Ddp")
+    sharded_checkpoints(worker, d, common, ckpt, finals[0])
     print("dist zero: ok")
+
+
+def consolidate(path):
+    """What docs/memory.md tells a Python user to do with a sharded checkpoint."""
+    saved = torch.load(path, weights_only=True)
+    index = saved.pop("loom_shards")
+    for name in index["files"]:
+        for entry, states in torch.load(path.parent / name, weights_only=True).items():
+            saved[entry]["state"].update(states)
+    return saved, index
+
+
+def same_values(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and \
+            torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and \
+            all(same_values(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_values(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def sharded_checkpoints(worker, d, common, consolidated, ddp_final):
+    """ZeroCheckpoint::sharded: the 4-rank stage-2 run at step 10, one file per rank."""
+    ckpt = d / "zero4s.pt"
+    stale = d / "zero4s.00000000deadbeef.shard-1-of-4.pt"  # a save that did not finish
+    stale.write_bytes(b"an older save's shard")
+    run(["--no-python", worker, "zero", *common, "stage=2", "tag=four_s", "save_at=10",
+         f"save={ckpt}", "sharded=1"], 4, "loom zero2 on 4 ranks, saving sharded")
+    if stale.exists():
+        raise SystemExit("zero_parity: the sharded save left an older save's shard file")
+    rank0 = len(torch.load(ckpt, weights_only=True)["optimizer"]["state"])
+    merged, index = consolidate(ckpt)
+    whole = torch.load(consolidated, weights_only=True)
+    # Each process's generators start from a seed of its own (torch seeds them at random), so
+    # the runtime entries' generator states differ between the two runs; all else must not.
+    for saved in (merged, whole):
+        saved["runtime"].pop("device")
+    files = [f for f in index["files"] if (d / f).is_file()]
+    ok = index["world_size"] == 4 and len(files) == 3 and same_values(merged, whole)
+    print(f"zero sharded checkpoint: main file with {rank0} of 6 parameter states (rank 0's) and "
+          f"an index naming {len(files)} shard files; consolidated by Python "
+          f"(torch.load + dict.update): {'bitwise equal' if ok else 'NOT equal'} to the "
+          f"consolidated checkpoint of the same run")
+    if not ok or not 0 < rank0 < 6:
+        raise SystemExit("zero_parity: the sharded checkpoint is not the consolidated one")
+
+    # Resumed at 1 process, at 2 ranks (Ddp, stage 1, stage 2: every shard read), and at 4
+    # (stage 2, the saving partition: each rank reads its own shard only).
+    run([worker, "zero", *common, "stage=1", "tag=resume1s", f"load={ckpt}", "start=10"], 0,
+        "loom zero1 on 1 process, resuming sharded")
+    results = [("1 process", ranks(d, "resume1", 1), ranks(d, "resume1s", 1))]
+    for stage in (0, 1, 2):
+        tag = f"resume2s_{stage}"
+        run(["--no-python", worker, "zero", *common, f"stage={stage}", f"tag={tag}",
+             f"load={ckpt}", "start=10"], WORLD, f"loom stage {stage} on 2 ranks, resuming sharded")
+        results.append((f"2 ranks stage {stage}", ddp_final, ranks(d, tag, WORLD)))
+    for source, tag in ((consolidated, "resume4c"), (ckpt, "resume4s")):
+        run(["--no-python", worker, "zero", *common, "stage=2", f"tag={tag}", f"load={source}",
+             "start=10"], 4, f"loom zero2 on 4 ranks, resuming from {source.name}")
+    results.append(("4 ranks stage 2", ranks(d, "resume4c", 4), ranks(d, "resume4s", 4)))
+    for what, want, got in results:
+        same = bitwise(want, got)
+        print(f"zero sharded checkpoint: resumed on {what}: "
+              f"{'bitwise equal' if same else 'NOT bitwise'} to the resume from the consolidated "
+              f"file (max|diff| {maxdiff(want, got):g})")
+        if not same:
+            raise SystemExit(f"zero_parity: the sharded resume on {what} differs")
+
+    # A shard missing (its rank's save never finished): every rank stops with the reason.
+    missing = d / index["files"][0]
+    missing.rename(d / "moved.pt")
+    try:
+        # Started by hand (not torchrun, which stops the others once one rank exits), so that
+        # each rank's own exit and message are seen.
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        procs = []
+        for rank in range(4):
+            env = dict(os.environ, OMP_NUM_THREADS="1", RANK=str(rank), LOCAL_RANK=str(rank),
+                       WORLD_SIZE="4", LOCAL_WORLD_SIZE="4", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port))
+            procs.append(subprocess.Popen(
+                [worker, "zero", *common, "stage=2", "tag=broken", f"load={ckpt}", "start=10"],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        outs = []
+        for proc in procs:
+            try:
+                outs.append((proc.communicate(timeout=120)[0], proc.returncode))
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                raise SystemExit("zero_parity: a rank hung on a missing shard")
+    finally:
+        (d / "moved.pt").rename(missing)
+    told = sum(1 for out, code in outs if code != 0 and "which is missing" in out and
+               "failed on rank 1" in out and missing.name in out)
+    print(f"zero sharded checkpoint: with rank 1's shard missing, {told} of 4 ranks exit "
+          f"non-zero naming the missing file and rank 1")
+    if told != 4:
+        sys.stderr.write("\n".join(out[-1500:] for out, _ in outs))
+        raise SystemExit("zero_parity: a missing shard is not an error on every rank")
 
 
 def main():

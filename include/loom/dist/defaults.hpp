@@ -10,6 +10,7 @@
 #include <c10/core/Device.h>
 
 #include <loom/checkpoint/checkpoint_io.hpp>
+#include <loom/checkpoint/shards.hpp>
 #include <loom/concepts/strategy.hpp>
 #include <loom/detail/refuse_state.hpp>
 #include <loom/error.hpp>
@@ -100,10 +101,10 @@ struct Defaults {
     io.save(path, value);
   }
   /// Reads a checkpoint's value through `io` (rt.load), tensors on `device`: every process
-  /// reads the whole file.
+  /// reads the whole file, and a sharded checkpoint's other files (checkpoint/shards.hpp).
   c10::IValue load_checkpoint(const std::filesystem::path& path, const checkpoint::CheckpointIO& io,
                               c10::Device device) {
-    return io.load(path, device);
+    return checkpoint::merge_shards(path, io.load(path, device), io, device);
   }
 
   StateDict state_dict() const { return {}; }

@@ -33,12 +33,35 @@ class Optimizer;
 
 namespace loom::dist {
 
+/// How rt.save writes Zero's optimizer state (ZeroOptions::checkpoint).
+enum class ZeroCheckpoint {
+  /// Every rank's shard gathered on rank 0, which writes one file in Python's
+  /// `optimizer.state_dict()` layout (stock torch.load and load_state_dict take it).
+  consolidated,
+  /// Each rank writes its own shard: rank 0 the main file (everything but the other ranks'
+  /// optimizer states, plus an index), every other rank one file beside it
+  /// (checkpoint/shards.hpp). No rank ever holds more than its shard; a run with the same
+  /// partition reads back its own file only.
+  sharded,
+};
+
+/// Which collective sums stage 2's gradient buckets (ZeroOptions::gradient_collective).
+enum class ZeroCollective {
+  /// `reduce` to the bucket's owner on NCCL; `all_reduce` on gloo, whose reduce is slower than
+  /// its all-reduce (docs/memory.md has the figures).
+  automatic,
+  /// ProcessGroup::reduce to the owner: the least traffic.
+  reduce,
+  /// ProcessGroup::allreduce, then the ranks that do not own the bucket drop it.
+  all_reduce,
+};
+
 /// Zero's settings.
 struct ZeroOptions {
   /// 1: each rank keeps the optimizer state of its shard only (Python's
   /// ZeroRedundancyOptimizer); gradients are all-reduced as by Ddp. 2: also the gradients:
-  /// after each synchronized backward every bucket of a shard's gradients is reduced to the
-  /// shard's owner, and the other ranks drop theirs.
+  /// after each synchronized backward every bucket of a shard's gradients is summed on the
+  /// shard's owner (gradient_collective), and the other ranks drop theirs.
   int stage = 1;
   /// The process group, timeouts and (stage 1) the reducer's settings: Ddp's.
   DdpOptions ddp;
@@ -46,6 +69,10 @@ struct ZeroOptions {
   /// while the backward goes on: smaller buckets start sooner) and of the parameter broadcast's
   /// coalesced buckets after each step (parameters of an eighth of it or more go alone).
   std::size_t bucket_bytes = std::size_t{4} << 20;
+  /// One consolidated file (the default) or one file per rank.
+  ZeroCheckpoint checkpoint = ZeroCheckpoint::consolidated;
+  /// Stage 2: how each bucket of gradients is summed on its owner.
+  ZeroCollective gradient_collective = ZeroCollective::automatic;
 };
 
 /// Bytes one rank holds, by kind (Zero::memory()).
@@ -71,18 +98,22 @@ struct ZeroState;
 /// every gradient), then each optimizer's param groups are cut to this rank's shard for the
 /// precision's step (loom's fused kernels run on the shard only; optimizer state is created for
 /// the shard only), restored, and each rank broadcasts its shard's updated parameters.
-/// Stage 2 reduces each bucket of a shard's gradients to its owner from hooks on the gradient
-/// accumulators, while the backward runs (buckets launched in one order on every rank), and
+/// Stage 2 sums each bucket of a shard's gradients on its owner (a reduce; on gloo an
+/// all-reduce, ZeroCollective) from hooks on the gradient accumulators, while the backward
+/// runs (buckets launched in one order on every rank), and
 /// drops the gradients of other ranks' shards when the backward is done; so that every rank's
 /// 16-mixed scaler skips together, a non-finite gradient in any shard makes the first element
 /// of every shard's first gradient nan too (one one-element all-reduce per step), and
 /// clip_gradients computes each shard's norm and all-reduces it (the global norm up to
 /// rounding, not bit for bit that of one process).
 ///
-/// rt.save consolidates: each rank's optimizer state (its shard's parameters) goes to rank 0,
-/// which writes the optimizer entries in Python's `optimizer.state_dict()` layout, whole. rt.load
-/// reads a whole file on every rank; each rank drops the state of other shards at its next step,
-/// so a checkpoint from any world size (or from Ddp, or one process) resumes at any other.
+/// rt.save consolidates by default: each rank's optimizer state (its shard's parameters) goes
+/// to rank 0, which writes the optimizer entries in Python's `optimizer.state_dict()` layout,
+/// whole. With ZeroCheckpoint::sharded each rank writes its shard to a file of its own beside
+/// rank 0's main file. rt.load reads either form on every rank (of a sharded one, only its own
+/// shard when the partition is the one that saved); each rank drops the state of other shards
+/// at its next step, so a checkpoint from any world size (or from Ddp, or one process) resumes
+/// at any other.
 ///
 ///   loom::Runtime<loom::Cpu, loom::Fp32, loom::Zero> rt(loom::Cpu(), loom::Fp32(),
 ///                                                      loom::Zero({.stage = 2}));
@@ -169,14 +200,15 @@ class Zero {
   /// What this rank holds now: the module's parameters, its gradients, `optimizer`'s state.
   ShardMemory memory(const torch::optim::Optimizer& optimizer) const;
 
-  /// rt.save: the optimizer entries' states of every rank merged on rank 0, which writes.
+  /// rt.save: consolidated, the optimizer entries' states of every rank gathered on rank 0,
+  /// which writes; sharded, each rank writes its own (rank 0 the main file with the index, last).
   void save_checkpoint(const std::filesystem::path& path, const c10::IValue& value,
                        const checkpoint::CheckpointIO& io);
-  /// rt.load: every rank reads the whole file (Ddp's); other shards' state goes at the next step.
+  /// rt.load: every rank reads the main file and the shard files it needs (all of them, or
+  /// its own when the partition is the saving run's); a failure on any rank is a loom::Error
+  /// on every rank. Other shards' state goes at the next step.
   c10::IValue load_checkpoint(const std::filesystem::path& path, const checkpoint::CheckpointIO& io,
-                              c10::Device device) {
-    return ddp_.load_checkpoint(path, io, device);
-  }
+                              c10::Device device);
 
   StateDict state_dict() const { return {}; }
   void load_state_dict(const StateDict& state) { ddp_.load_state_dict(state); }
@@ -216,5 +248,7 @@ class Zero {
 namespace loom {
 using dist::ShardMemory;
 using dist::Zero;
+using dist::ZeroCheckpoint;
+using dist::ZeroCollective;
 using dist::ZeroOptions;
 }  // namespace loom

@@ -63,7 +63,8 @@ struct CheckpointSaveOptions {
 ///     if ((step + 1) % 100 == 0) ckpt.save(rt, step + 1, state);
 ///   }
 ///
-/// Files: DIR/step-N.pt (N without padding), DIR/latest (one line, "step-N.pt"). Under a
+/// Files: DIR/step-N.pt (N without padding), DIR/latest (one line, "step-N.pt"), and under
+/// loom::Zero's sharded checkpoints each rank's DIR/step-N.TAG.shard-R-of-W.pt. Under a
 /// distributed strategy every rank calls save and resume; rank 0 writes, prunes and moves
 /// `latest` after every rank knows the checkpoint is written.
 class Checkpoints {
@@ -256,7 +257,23 @@ class Checkpoints {
       if (recent || milestone || s == newest) continue;
       std::error_code ec;
       std::filesystem::remove(path(s), ec);
+      remove_companions(s);
     }
+  }
+
+  /// Removes the files a sharded save of `step` wrote beside its main file
+  /// (step-N.TAG.shard-R-of-W.pt, checkpoint/shards.hpp).
+  void remove_companions(std::int64_t step) const {
+    const std::string head = "step-" + std::to_string(step) + ".";
+    std::error_code ec;
+    std::vector<std::filesystem::path> found;
+    for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.compare(0, head.size(), head) == 0 && name.find(".shard-") != std::string::npos) {
+        found.push_back(e.path());
+      }
+    }
+    for (const auto& f : found) std::filesystem::remove(f, ec);
   }
 
   std::filesystem::path dir_;

@@ -12,8 +12,11 @@
 
 #include <ATen/ATen.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
+#include <loom/checkpoint/io.hpp>
+#include <loom/checkpoint/shards.hpp>
 #include <loom/loom.hpp>
 #include <loom/state/checkpoints.hpp>
 
@@ -62,6 +65,12 @@ TEST_CASE("Checkpoints keeps the last K and every M-th, points latest at the new
   loom::Checkpoints ckpt(dir, {.keep_last = 2, .keep_every = 2});
   CHECK(ckpt.steps().empty());
   CHECK_FALSE(ckpt.resume(rt, state).has_value());  // a fresh run: nothing to resume
+  // The files a sharded save (loom::Zero) writes beside a step's main file go with it.
+  fs::create_directories(dir);
+  for (const char* name : {"step-1.00ab.shard-1-of-2.pt", "step-2.00ab.shard-1-of-2.pt",
+                           "step-3.00ab.shard-1-of-2.pt", "step-10.00ab.shard-1-of-2.pt"}) {
+    std::ofstream(dir / name) << "a shard";
+  }
 
   for (std::int64_t step = 1; step <= 5; ++step) {
     set_step(model, step);
@@ -72,6 +81,10 @@ TEST_CASE("Checkpoints keeps the last K and every M-th, points latest at the new
   CHECK(ckpt.latest() == 5);
   CHECK(fs::exists(dir / "step-5.pt"));
   CHECK_FALSE(fs::exists(dir / "step-3.pt"));
+  CHECK_FALSE(fs::exists(dir / "step-1.00ab.shard-1-of-2.pt"));
+  CHECK_FALSE(fs::exists(dir / "step-3.00ab.shard-1-of-2.pt"));
+  CHECK(fs::exists(dir / "step-2.00ab.shard-1-of-2.pt"));   // step 2 is kept
+  CHECK(fs::exists(dir / "step-10.00ab.shard-1-of-2.pt"));  // not step 1's
 
   set_step(model, -1);
   CHECK(ckpt.resume(rt, state) == 5);
@@ -98,6 +111,90 @@ TEST_CASE("Checkpoints keeps the last K and every M-th, points latest at the new
     std::ofstream(dir / ".step-9.pt.tmp.123") << "a killed save";
     std::ofstream(dir / "step-x.pt") << "not a step";
     CHECK(ckpt.steps() == std::vector<std::int64_t>{2, 4, 5});
+  }
+}
+
+TEST_CASE("A sharded checkpoint loads whole under any strategy; a missing shard is named",
+          "[checkpoint][shards]") {
+  namespace ck = loom::checkpoint;
+  TempDir tmp;
+  torch::manual_seed(3);
+  loom::Runtime<loom::Cpu, loom::Fp32> rt;
+  torch::nn::Linear model(3, 2);
+  torch::optim::Adam opt(model->parameters(), 0.1);
+  rt.setup(model, opt);
+  for (int i = 0; i < 2; ++i) {
+    opt.zero_grad();
+    rt.backward(rt.forward(model, torch::randn({4, 3})).square().sum(), model);
+    rt.optimizer_step(opt);
+  }
+  const loom::State state{{"model", model}, {"optimizer", opt}};
+  const c10::IValue whole(loom::state::save_entries(state));
+  // What two ranks of loom::Zero write: rank 0 owns parameter 0 (the weight), rank 1 the bias.
+  auto main = whole.toGenericDict().copy();
+  auto entry = main.at("optimizer").toGenericDict().copy();
+  const auto states = entry.at("state").toGenericDict();
+  c10::impl::GenericDict rank0(c10::IntType::get(), c10::AnyType::get());
+  c10::impl::GenericDict rank1(c10::IntType::get(), c10::AnyType::get());
+  rank0.insert(std::int64_t{0}, states.at(std::int64_t{0}));
+  rank1.insert(std::int64_t{1}, states.at(std::int64_t{1}));
+  entry.insert_or_assign("state", rank0);
+  main.insert_or_assign("optimizer", entry);
+  c10::impl::GenericDict shard(c10::StringType::get(), c10::AnyType::get());
+  shard.insert("optimizer", rank1);
+
+  const auto path = tmp.path / "ck.pt";
+  const auto file = ck::shard_path(path, "00ab", 1, 2);
+  CHECK(file == tmp.path / "ck.00ab.shard-1-of-2.pt");
+  const ck::ShardIndex index{
+      .world_size = 2, .files = {file.filename().string()}, .owners = {0, 1}, .numels = {6, 2}};
+  ck::save_value(path, ck::with_shard_index(c10::IValue(main), index));
+  ck::save_value(file, c10::IValue(shard));
+
+  const auto read = ck::shard_index(ck::load_value(path), path);
+  CHECK(read.world_size == 2);
+  CHECK(read.files == index.files);
+  CHECK(read.owners == index.owners);
+  CHECK(read.numels == index.numels);
+
+  // A one-process runtime (the strategy's default load_checkpoint) reads every shard.
+  torch::nn::Linear other(3, 2);
+  torch::optim::Adam other_opt(other->parameters(), 0.1);
+  loom::Runtime<loom::Cpu, loom::Fp32> rt2;
+  rt2.setup(other, other_opt);
+  const auto extra = rt2.load(path, loom::State{{"model", other}, {"optimizer", other_opt}});
+  CHECK(extra.empty());  // the index is not handed back as an unknown entry
+  REQUIRE(other_opt.state().size() == 2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto& p = opt.param_groups()[0].params()[i];
+    const auto& q = other_opt.param_groups()[0].params()[i];
+    const auto& a =
+        static_cast<const torch::optim::AdamParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
+    const auto& b = static_cast<const torch::optim::AdamParamState&>(
+        *other_opt.state().at(q.unsafeGetTensorImpl()));
+    CHECK(a.step() == b.step());
+    CHECK(at::equal(a.exp_avg(), b.exp_avg()));
+    CHECK(at::equal(a.exp_avg_sq(), b.exp_avg_sq()));
+  }
+
+  SECTION("a missing shard file is an error naming it") {
+    fs::remove(file);
+    CHECK_THROWS_WITH(rt2.load(path, loom::State{{"model", other}, {"optimizer", other_opt}}),
+                      Contains("ck.00ab.shard-1-of-2.pt") && Contains("which is missing"));
+  }
+  SECTION("an index whose files do not fit its world size is refused") {
+    const ck::ShardIndex bad{
+        .world_size = 3, .files = index.files, .owners = {0, 1}, .numels = {6, 2}};
+    ck::save_value(path, ck::with_shard_index(c10::IValue(main), bad));
+    CHECK_THROWS_WITH(rt2.load(path, loom::State{{"model", other}, {"optimizer", other_opt}}),
+                      Contains("names 1 files for a world of 3"));
+  }
+  SECTION("a shard of an entry the main file has no optimizer for is refused") {
+    c10::impl::GenericDict stray(c10::StringType::get(), c10::AnyType::get());
+    stray.insert("model", rank1);
+    ck::save_value(file, c10::IValue(stray));
+    CHECK_THROWS_WITH(rt2.load(path, loom::State{{"model", other}, {"optimizer", other_opt}}),
+                      Contains("holds states of 'model'") && Contains("no optimizer entry"));
   }
 }
 
