@@ -114,7 +114,7 @@ TEST_CASE("Checkpoints keeps the last K and every M-th, points latest at the new
   }
 }
 
-TEST_CASE("A sharded checkpoint loads whole under any strategy; a missing shard is named",
+TEST_CASE("A sharded checkpoint loads whole under any strategy, and a missing shard is named",
           "[checkpoint][shards]") {
   namespace ck = loom::checkpoint;
   TempDir tmp;
