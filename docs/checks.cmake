@@ -371,8 +371,8 @@ elseif(CHECK STREQUAL "layering")
       if(h MATCHES "^loom/state/(state_dict|reader)\\.hpp$" AND
          NOT inc MATCHES "^loom/(state/(state_dict|reader)\\.hpp|error\\.hpp)$")
         fail("${h} includes ${inc}: the bottom of state/ (state_dict.hpp, reader.hpp) includes only itself and error.hpp")
-      elseif(h STREQUAL "loom/state/checkpoints.hpp" AND inc STREQUAL "loom/concepts/strategy.hpp")
-        # the directory of checkpoints agrees on a background write's error: dist::ReduceOp
+      elseif(h STREQUAL "loom/state/checkpoints.hpp" AND inc STREQUAL "loom/detail/agree_on_failure.hpp")
+        # the directory of checkpoints agrees on a background write's error across ranks
       elseif(h MATCHES "^loom/state/" AND
          NOT inc MATCHES "^loom/(state/|optim/|checkpoint/|detail/(module|module_tensors|checkpoint_files|message_of)\\.hpp|error\\.hpp|state_dict\\.hpp)")
         fail("${h} includes ${inc}: state/ includes only state/, optim/, checkpoint/, detail/module.hpp, detail/module_tensors.hpp, detail/checkpoint_files.hpp, detail/message_of.hpp, error.hpp and state_dict.hpp")

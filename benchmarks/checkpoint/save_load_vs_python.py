@@ -6,7 +6,8 @@
 The state is the same in both: LAYERS square Linear layers (f32, MILLIONS million parameters)
 and their Adam state after one step, 3 x 4 x MILLIONS MB. Each rep runs loom once (a fresh
 process: rt.save with {.sync = false}, rt.save, then rt.load into the model and optimizer in
-place) and Python once in this process (torch.save({"model": sd, "optimizer": osd}), an
+place, then rt.load into the model and a new optimizer without state, as a new process
+resumes) and Python once in this process (torch.save({"model": sd, "optimizer": osd}), an
 fsync of the file, then torch.load + model.load_state_dict + optimizer.load_state_dict),
 the two in alternating order. Both time warm cycles: the loom process runs one untimed
 save/load first, and the Python process one untimed rep before the first (a process's first
@@ -67,7 +68,8 @@ def loom_rep(binary, directory, millions, layers):
             "load_s": float(fields["load_s"]), "bytes": int(fields["bytes"]),
             "async_blocked_s": float(fields["async_blocked_s"]),
             "async_total_s": float(fields["async_total_s"]), "read_s": float(fields["read_s"]),
-            "read_crc_s": float(fields["read_crc_s"])}
+            "read_crc_s": float(fields["read_crc_s"]),
+            "load_fresh_s": float(fields["load_fresh_s"])}
 
 
 def timed(cmd, **kw):
@@ -114,7 +116,8 @@ def main():
             run()
         machine.append(machine_rep(a.dir, loom[-1]["bytes"]))
         print(f"rep {rep}: loom save {loom[-1]['save_s']:.3f} s "
-              f"(no sync {loom[-1]['save_nosync_s']:.3f} s) load {loom[-1]['load_s']:.3f} s; "
+              f"(no sync {loom[-1]['save_nosync_s']:.3f} s) load {loom[-1]['load_s']:.3f} s "
+              f"(fresh optimizer {loom[-1]['load_fresh_s']:.3f} s); "
               f"python save {py[-1]['save_s']:.3f} s (+fsync {py[-1]['save_fsync_s']:.3f} s) "
               f"load {py[-1]['load_s']:.3f} s; async blocked {loom[-1]['async_blocked_s']:.3f} s "
               f"(done {loom[-1]['async_total_s']:.3f} s); dd {machine[-1]['dd_s']:.3f} s, "
@@ -130,7 +133,8 @@ def main():
                  "load_s": med(loom, "load_s"), "bytes": loom[0]["bytes"],
                  "async_blocked_s": med(loom, "async_blocked_s"),
                  "async_total_s": med(loom, "async_total_s"), "read_s": med(loom, "read_s"),
-                 "read_crc_s": med(loom, "read_crc_s")},
+                 "read_crc_s": med(loom, "read_crc_s"),
+                 "load_fresh_s": med(loom, "load_fresh_s")},
         "machine": {"dd_s": med(machine, "dd_s"), "dd_fsync_s": med(machine, "dd_fsync_s"),
                     "cat_s": med(machine, "cat_s")},
         "python": {"save_s": med(py, "save_s"), "save_fsync_s": med(py, "save_fsync_s"),
@@ -149,7 +153,7 @@ def main():
     M = result["machine"]
     best = lambda rows, k: min(r[k] for r in rows)  # noqa: E731
     Lb = {k: best(loom, k) for k in ("save_s", "save_nosync_s", "load_s", "read_s", "read_crc_s",
-                                      "async_blocked_s")}
+                                      "async_blocked_s", "load_fresh_s")}
     Mb = {k: best(machine, k) for k in ("dd_s", "dd_fsync_s", "cat_s")}
     result["best"] = {"loom": Lb, "machine": Mb}
 
@@ -169,6 +173,8 @@ def main():
               row("durable save vs dd conv=fsync (time)", "save_s", (M, Mb), "dd_fsync_s",
                   time_ratio),
               row("load vs a warm cat (speed)", "load_s", (M, Mb), "cat_s", speed),
+              row("load, the optimizer without state, vs a warm cat (speed)", "load_fresh_s",
+                  (M, Mb), "cat_s", speed),
               row("load vs read(2) into fresh memory (speed)", "load_s", (L, Lb), "read_s", speed),
               row("load vs read(2) into fresh memory + CRC-32 (speed)", "load_s", (L, Lb),
                   "read_crc_s", speed),

@@ -140,13 +140,47 @@ void read_shard(c10::IValue& value, const std::filesystem::path& main,
 }
 
 c10::IValue merge_shards(const std::filesystem::path& path, c10::IValue value,
-                         const CheckpointIO& io, c10::Device device) {
+                         const CheckpointIO& io, c10::Device device,
+                         const std::function<bool(int rank)>& wanted) {
   if (!has_shard_index(value)) return value;
   const ShardIndex index = shard_index(value, path);
   auto top = value.toGenericDict().copy();
   (void)top.erase(index_key());
   c10::IValue out(top);
-  for (const auto& f : index.files) read_shard(out, path, path.parent_path() / f, io, device);
+  for (std::size_t i = 0; i < index.files.size(); ++i) {
+    if (wanted && !wanted(static_cast<int>(i) + 1)) continue;
+    read_shard(out, path, path.parent_path() / index.files[i], io, device);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::filesystem::path, std::string>> shard_files(
+    const std::filesystem::path& path) {
+  const std::string head = path.stem().string() + ".", tail = ".pt", mark = ".shard-";
+  std::vector<std::pair<std::filesystem::path, std::string>> out;
+  std::error_code ec;
+  const auto dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
+        name.compare(name.size() - tail.size(), tail.size(), tail) != 0) {
+      continue;
+    }
+    // TAG.shard-R-of-W: a hexadecimal tag, then the rank and world size.
+    const std::string middle = name.substr(head.size(), name.size() - head.size() - tail.size());
+    const auto at = middle.find(mark);
+    if (at == std::string::npos || at == 0) continue;
+    const std::string tag = middle.substr(0, at), rest = middle.substr(at + mark.size());
+    const auto of = rest.find("-of-");
+    auto digits = [](const std::string& s) {
+      return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+    };
+    if (tag.find_first_not_of("0123456789abcdef") != std::string::npos || of == std::string::npos ||
+        !digits(rest.substr(0, of)) || !digits(rest.substr(of + 4))) {
+      continue;
+    }
+    out.emplace_back(e.path(), tag);
+  }
   return out;
 }
 

@@ -39,6 +39,7 @@
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include <loom/checkpoint/shards.hpp>
+#include <loom/detail/agree_on_failure.hpp>
 #include <loom/detail/env.hpp>
 #include <loom/detail/message_of.hpp>
 #include <loom/detail/refuse_state.hpp>
@@ -898,19 +899,16 @@ void Ddp::save_checkpoint(const std::filesystem::path& path, const c10::IValue& 
     try {
       io.save(path, value);
     } catch (const std::exception& ex) {
-      failure = ex.what();
+      failure = *ex.what() ? ex.what() : "an error with no message";
     }
   }
+  // Every rank learns whether rank 0 wrote the file, and why not: the same error on all.
   if (s.group) {
-    // Every rank learns whether rank 0 wrote the file: the largest of the ranks' flags.
-    at::Tensor failed = at::full({1}, failure.empty() ? 0 : 1,
-                                 at::TensorOptions().dtype(at::kInt).device(s.device));
-    all_reduce(failed, ReduceOp::Max);
-    if (failure.empty() && failed.cpu().item<int>() != 0) {
-      throw Error("loom::save: rank 0 could not write " + path.string());
-    }
+    loom::detail::agree_on_failure(*this, s.device, failure,
+                                   "loom::save: writing " + path.string());
+  } else if (!failure.empty()) {
+    throw Error(failure);
   }
-  if (!failure.empty()) throw Error(failure);
 }
 
 c10::IValue Ddp::load_checkpoint(const std::filesystem::path& path,

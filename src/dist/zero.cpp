@@ -31,6 +31,7 @@
 
 #include <loom/amp/grad_scaler.hpp>
 #include <loom/checkpoint/shards.hpp>
+#include <loom/detail/agree_on_failure.hpp>
 #include <loom/detail/clip_grad.hpp>
 #include <loom/detail/precision_defaults.hpp>
 #include <loom/error.hpp>
@@ -616,19 +617,6 @@ std::vector<c10::IValue> gather_on_zero(detail::DdpState& s, int rank, int world
   return out;
 }
 
-/// A loom::Error on every rank when `failure` (this rank's, empty when it did not fail) is
-/// not empty on some rank, with the first failing rank's reason.
-void agree_on_failure(Ddp& ddp, c10::Device device, const std::string& failure,
-                      const std::string& what) {
-  at::Tensor first = at::full({1}, failure.empty() ? ddp.world_size() : ddp.rank(),
-                              at::TensorOptions().dtype(at::kLong).device(device));
-  ddp.all_reduce(first, ReduceOp::Min);
-  const auto failed = first.cpu().item<std::int64_t>();
-  if (failed == ddp.world_size()) return;
-  const std::string reason = ddp.broadcast_object(failure, static_cast<int>(failed));
-  throw Error("loom::Zero: " + what + " failed on rank " + std::to_string(failed) + ": " + reason);
-}
-
 /// A name no earlier save of the same path used: the shard files of a save that did not
 /// finish never mix with those an index names.
 std::string new_shard_tag() {
@@ -643,22 +631,10 @@ std::string new_shard_tag() {
 /// Removes the shard files of `path` that a save other than `tag`'s wrote (an older save of
 /// the same path, or one that did not finish). Best effort: what cannot go stays.
 void remove_other_shards(const std::filesystem::path& path, const std::string& tag) {
-  const std::string head = path.stem().string() + ".", tail = ".pt", mark = ".shard-";
-  std::error_code ec;
-  const auto dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
-        name.compare(name.size() - tail.size(), tail.size(), tail) != 0) {
-      continue;
-    }
-    const std::string middle = name.substr(head.size(), name.size() - head.size() - tail.size());
-    const auto at = middle.find(mark);
-    if (at == std::string::npos || at == 0) continue;
-    const std::string other = middle.substr(0, at);
-    if (other == tag || other.find_first_not_of("0123456789abcdef") != std::string::npos) continue;
-    std::error_code remove_ec;
-    std::filesystem::remove(e.path(), remove_ec);
+  for (const auto& [file, other] : checkpoint::shard_files(path)) {
+    if (other == tag) continue;
+    std::error_code ec;
+    std::filesystem::remove(file, ec);
   }
 }
 
@@ -709,10 +685,11 @@ void Zero::save_checkpoint(const std::filesystem::path& path, const c10::IValue&
       try {
         io.save(own, c10::IValue(mine));
       } catch (const std::exception& e) {
-        failure = e.what();
+        failure = *e.what() ? e.what() : "an error with no message";
       }
     }
-    agree_on_failure(ddp_, s.device, failure, "writing the shard " + own.filename().string());
+    loom::detail::agree_on_failure(ddp_, s.device, failure,
+                                   "loom::Zero: writing the shard " + own.filename().string());
     ddp_.save_checkpoint(path, rank() == 0 ? checkpoint::with_shard_index(value, index) : value,
                          io);
     if (rank() == 0) remove_other_shards(path, tag);
@@ -768,18 +745,13 @@ c10::IValue Zero::load_checkpoint(const std::filesystem::path& path,
       for (std::size_t i = 0; same && i < z.params.size(); ++i) {
         same = index.owners[i] == z.owners[i] && index.numels[i] == z.params[i].numel();
       }
-      auto top = value.toGenericDict().copy();
-      (void)top.erase(std::string(checkpoint::shard_index_key));
-      value = c10::IValue(top);
-      for (std::size_t r = 1; r < static_cast<std::size_t>(index.world_size); ++r) {
-        if (same && static_cast<int>(r) != rank()) continue;
-        checkpoint::read_shard(value, path, path.parent_path() / index.files[r - 1], io, device);
-      }
+      value = checkpoint::merge_shards(path, std::move(value), io, device,
+                                       [&](int r) { return !same || r == rank(); });
     }
   } catch (const std::exception& e) {
-    failure = e.what();
+    failure = *e.what() ? e.what() : "an error with no message";
   }
-  agree_on_failure(ddp_, s.device, failure, "loading " + path.string());
+  loom::detail::agree_on_failure(ddp_, s.device, failure, "loom::Zero: loading " + path.string());
   return value;
 }
 

@@ -19,6 +19,19 @@ struct SaveOptions {
   bool sync = true;
 };
 
+/// How a checkpoint is read (checkpoint::load_value, TorchFile).
+struct LoadOptions {
+  /// Map the file (mmap) instead of copying it into new memory: CPU tensors of the value are
+  /// views of the file's pages (private: a write to one copies its page and never reaches the
+  /// file), so a load that copies them into tensors it already has touches no fresh memory.
+  /// rt.load maps, and copies or unmaps every tensor before it returns. Hold mapped tensors no
+  /// longer than needed: a program that truncates or rewrites the file in place meanwhile
+  /// makes them unreadable (SIGBUS), as with torch.load(mmap=True); loom's saves never do (they
+  /// replace the file by a rename). checkpoint::unmapped() gives a value its own memory. Where
+  /// the file cannot be mapped it is read as without this option.
+  bool map = false;
+};
+
 /// Writes one value to a file and reads it back. Called by a strategy's save_checkpoint and
 /// load_checkpoint on the ranks it chooses; an error is a loom::Error (or another
 /// std::exception) thrown from save or load.

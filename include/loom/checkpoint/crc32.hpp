@@ -79,10 +79,11 @@ inline uint64_t u64(const std::string& s, std::size_t at) {
 
 /// One record of a zip, as its central directory describes it.
 struct ZipEntry {
-  std::string name;    ///< without the archive's "<name>/" prefix (what PyTorchStreamReader takes)
-  uint32_t crc = 0;    ///< the CRC-32 the directory records (0: none, or an empty record)
-  uint16_t flags = 0;  ///< general purpose flags; bit 3: sizes and CRC in a data descriptor
-  uint64_t size = 0;   ///< stored (compressed) size
+  std::string name;     ///< without the archive's "<name>/" prefix (what PyTorchStreamReader takes)
+  uint32_t crc = 0;     ///< the CRC-32 the directory records (0: none, or an empty record)
+  uint16_t flags = 0;   ///< general purpose flags; bit 3: sizes and CRC in a data descriptor
+  uint16_t method = 0;  ///< compression method: 0 stored (torch.save's), 8 deflated
+  uint64_t size = 0;    ///< stored (compressed) size
   uint64_t local_at = 0;  ///< offset of the record's local header
   uint64_t entry_at = 0;  ///< offset of its central directory entry
 };
@@ -133,6 +134,7 @@ inline std::vector<ZipEntry> zip_entries(const RangeReader& read, uint64_t size,
     ZipEntry entry;
     entry.crc = u32(cd, at + 16);
     entry.flags = static_cast<uint16_t>(u16(cd, at + 8));
+    entry.method = static_cast<uint16_t>(u16(cd, at + 10));
     entry.size = u32(cd, at + 20);
     entry.local_at = u32(cd, at + 42);
     entry.entry_at = cd_offset + at;

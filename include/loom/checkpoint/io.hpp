@@ -37,6 +37,7 @@
 
 #include <loom/checkpoint/checkpoint_io.hpp>
 #include <loom/checkpoint/crc32.hpp>
+#include <loom/checkpoint/mapped.hpp>
 #include <loom/checkpoint/pickle.hpp>
 #include <loom/error.hpp>
 
@@ -197,12 +198,40 @@ inline std::unordered_map<std::string, uint32_t> write_records(
   return crcs;
 }
 
+/// Where the storages of a mapped read come from: the file's mapping and its central directory.
+struct MappedRecords {
+  const MappedFile& file;
+  std::unordered_map<std::string, ZipEntry> entries;  ///< by name, as zip_crcs names them
+};
+
+/// The bytes of a stored (uncompressed) record of a mapped file, a view of the mapping; an
+/// undefined tensor for a compressed one (read through LibTorch's reader instead).
+inline at::Tensor mapped_record(const MappedRecords& m, const std::string& name, int64_t nbytes,
+                                const std::string& what) {
+  const auto it = m.entries.find(name);
+  if (it == m.entries.end() || it->second.method != 0) return {};
+  const ZipEntry& e = it->second;
+  const std::size_t size = m.file.size();
+  if (e.local_at > size || size - e.local_at < 30 ||
+      std::memcmp(m.file.data() + e.local_at, "PK\x03\x04", 4) != 0) {
+    throw Error("loom::checkpoint: " + what + ": the record " + name +
+                " has no local header where the central directory says (truncated or "
+                "corrupted)");
+  }
+  const std::string local(m.file.data() + e.local_at, 30);
+  const uint64_t data_at = e.local_at + 30 + u16(local, 26) + u16(local, 28);
+  return m.file.bytes(static_cast<std::size_t>(data_at), static_cast<std::size_t>(nbytes), what);
+}
+
 /// Reads the value of a torch.save file of `file_bytes` bytes (no storage can be larger),
 /// checking every record it reads against the CRC-32 in `crcs` (the central directory's).
+/// With `mapped`, stored storages are views of the mapped file (checkpoint/mapped.hpp), their
+/// CRC-32s checked on two threads once the pickle is read, before the value is returned.
 inline c10::IValue read_records(caffe2::serialize::PyTorchStreamReader& reader,
                                 std::optional<c10::Device> map_location, const std::string& what,
                                 int64_t file_bytes,
-                                const std::unordered_map<std::string, uint32_t>& crcs) {
+                                const std::unordered_map<std::string, uint32_t>& crcs,
+                                const MappedRecords* mapped = nullptr) {
   // 0: not recorded (torch.save with compute_crc32 off), or an empty record.
   auto expected_crc = [&](const std::string& name) {
     auto it = crcs.find(name);
@@ -213,6 +242,7 @@ inline c10::IValue read_records(caffe2::serialize::PyTorchStreamReader& reader,
     return it->second;
   };
   CrcChecks checks(what);
+  std::vector<CrcRecord> mapped_checks;
   if (reader.hasRecord("constants.pkl")) {
     throw Error("loom::checkpoint: " + what +
                 " is a TorchScript archive (written by torch::save or torch.jit.save), not a "
@@ -240,6 +270,15 @@ inline c10::IValue read_records(caffe2::serialize::PyTorchStreamReader& reader,
                   std::to_string(reader.getRecordSize(name)) + " bytes, the pickle says " +
                   std::to_string(nbytes));
     }
+    if (mapped != nullptr && nbytes > 0) {
+      if (at::Tensor view = mapped_record(*mapped, name, nbytes, what); view.defined()) {
+        // The mapping outlives the checks (the caller holds it); the view may be copied to a
+        // device and dropped before them.
+        mapped_checks.push_back(CrcRecord{name, view.const_data_ptr(),
+                                          static_cast<std::size_t>(nbytes), expected_crc(name)});
+        return view;
+      }
+    }
     auto bytes = at::empty({nbytes}, at::TensorOptions(at::kByte));
     if (nbytes > 0) reader.getRecord(name, bytes.mutable_data_ptr(), static_cast<size_t>(nbytes));
     checks.check(name, bytes, expected_crc(name));
@@ -249,6 +288,7 @@ inline c10::IValue read_records(caffe2::serialize::PyTorchStreamReader& reader,
                          map_location);
   c10::IValue value = unpickler.read();
   checks.finish();
+  check_crcs(mapped_checks, what);
   return value;
 }
 
@@ -428,9 +468,12 @@ inline std::string save_bytes(const c10::IValue& value) {
 
 /// Reads a torch.save file (loom's or Python's). Tensors come back on the CPU, or on
 /// `map_location`. A file that is not one, is truncated or corrupted, or needs a Python global
-/// loom does not load (anything that could run code) is a loom::Error saying which.
+/// loom does not load (anything that could run code) is a loom::Error saying which. With
+/// `options.map`, the file is mapped and CPU tensors are views of it (LoadOptions says when
+/// that is safe); every record's CRC-32 is still checked before the value is returned.
 inline c10::IValue load_value(const std::filesystem::path& path,
-                              std::optional<c10::Device> map_location = std::nullopt) {
+                              std::optional<c10::Device> map_location = std::nullopt,
+                              LoadOptions options = {}) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
     throw Error("loom::checkpoint: no checkpoint file at " + path.string());
@@ -438,6 +481,23 @@ inline c10::IValue load_value(const std::filesystem::path& path,
   const auto what = path.string();
   return detail::container_errors(what, [&] {
     caffe2::serialize::PyTorchStreamReader reader(path.string());
+    if (options.map) {
+      if (const auto file = MappedFile::open(path)) {
+        detail::MappedRecords records{*file, {}};
+        auto read = [&](uint64_t offset, std::size_t n) {
+          if (offset >= file->size()) return std::string();
+          return std::string(file->data() + offset, std::min<uint64_t>(n, file->size() - offset));
+        };
+        std::unordered_map<std::string, uint32_t> crcs;
+        for (auto& e : detail::zip_entries(read, file->size(), what)) {
+          crcs[e.name] = e.crc;
+          auto name = e.name;
+          records.entries.emplace(std::move(name), std::move(e));
+        }
+        return detail::read_records(reader, map_location, what, static_cast<int64_t>(file->size()),
+                                    crcs, &records);
+      }
+    }
     const auto size = std::filesystem::file_size(path);
     std::ifstream in(path, std::ios::binary);
     const auto crcs = detail::zip_crcs(
@@ -475,16 +535,18 @@ inline c10::IValue load_bytes(const std::string& bytes,
 /// stock Python opens with torch.load and that loom reads from Python.
 class TorchFile final : public CheckpointIO {
  public:
-  explicit TorchFile(SaveOptions options = {}) : options_(options) {}
+  explicit TorchFile(SaveOptions options = {}, LoadOptions load_options = {})
+      : options_(options), load_options_(load_options) {}
   void save(const std::filesystem::path& path, const c10::IValue& value) const override {
     save_value(path, value, options_);
   }
   c10::IValue load(const std::filesystem::path& path, c10::Device map_location) const override {
-    return load_value(path, map_location);
+    return load_value(path, map_location, load_options_);
   }
 
  private:
   SaveOptions options_;
+  LoadOptions load_options_;
 };
 
 }  // namespace loom::checkpoint

@@ -15,8 +15,10 @@
 // named relative to the main file's directory. Declarations only; src/checkpoint/shards.cpp.
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/ivalue.h>
@@ -58,9 +60,17 @@ std::filesystem::path shard_path(const std::filesystem::path& path, std::string_
 void read_shard(c10::IValue& value, const std::filesystem::path& main,
                 const std::filesystem::path& file, const CheckpointIO& io, c10::Device device);
 
-/// `value` as read from `path`: unchanged without an index; with one, every shard file read
-/// and merged, and the index removed: the consolidated checkpoint.
+/// `value` as read from `path`: unchanged without an index; with one, the shard file of every
+/// rank r >= 1 for which `wanted(r)` holds (by default all: the consolidated checkpoint) read
+/// and merged, and the index removed.
 c10::IValue merge_shards(const std::filesystem::path& path, c10::IValue value,
-                         const CheckpointIO& io, c10::Device device);
+                         const CheckpointIO& io, c10::Device device,
+                         const std::function<bool(int rank)>& wanted = {});
+
+/// The shard files beside the checkpoint at `path` ("STEM.TAG.shard-R-of-W.pt", any tag, rank
+/// and world size), each with its tag: what a save prunes (an older or unfinished save's) and
+/// what loom::Checkpoints removes with a step.
+std::vector<std::pair<std::filesystem::path, std::string>> shard_files(
+    const std::filesystem::path& path);
 
 }  // namespace loom::checkpoint

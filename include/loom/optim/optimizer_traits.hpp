@@ -72,6 +72,9 @@ class PythonReader {
   virtual std::vector<double> numbers(std::string_view key) const = 0;
   /// A state tensor as its parameter's: the parameter's shape (else an error), on its device,
   /// in its dtype when both are floating point (Python's rule for every state but `step`).
+  /// When loading from a file it may be the optimizer's own tensor for this key, which the
+  /// checkpoint's values fill once every parameter's state has been read: load_state keeps
+  /// it (as loom's rows do) and reads none of its values.
   virtual at::Tensor tensor(std::string_view key) const = 0;
   /// The parameter whose state this dict is (undefined for a param group).
   virtual const at::Tensor& param() const = 0;

@@ -7,6 +7,7 @@
 //   save  value = {name: entry.save() for each entry}          state/entry.hpp
 //         rt.strategy().save_checkpoint(path, value, TorchFile)  who writes: dist/
 //   load  value = rt.strategy().load_checkpoint(path, TorchFile, rt.device().device())
+//           (the file mapped: checkpoint/mapped.hpp)
 //         entry.load(value[name], strict) for each entry; the rest is returned
 #include <filesystem>
 #include <string>
@@ -35,6 +36,8 @@ inline Dict save_entries(const State& state) {
 
 /// Loads every entry of `state` from `value` (read from `where`) and returns the file's other
 /// entries. With `strict` a name missing from the file is a loom::Error, else a warning.
+/// `value` may hold tensors of a mapped file (checkpoint/mapped.hpp): only entries that copy
+/// them get them as they are; the others, and what is returned, get their own memory.
 inline StateDict load_entries(const State& state, const c10::IValue& value,
                               const std::string& where, bool strict) {
   const Dict d = as_dict(value, where);
@@ -49,14 +52,14 @@ inline StateDict load_entries(const State& state, const c10::IValue& value,
                  "; left as it is (strict=false)");
       continue;
     }
-    e.load(it->value(), strict);
+    e.load(e.copies_tensors() ? it->value() : checkpoint::unmapped(it->value()), strict);
   }
   StateDict rest;
   for (const auto& item : d) {
     if (!item.key().isString()) continue;
     bool named = false;
     for (const auto& e : state) named = named || e.name() == item.key().toStringRef();
-    if (!named) rest.emplace(item.key().toStringRef(), item.value());
+    if (!named) rest.emplace(item.key().toStringRef(), checkpoint::unmapped(item.value()));
   }
   return rest;
 }
@@ -76,7 +79,9 @@ struct checkpoint_files<State> {
   }
   template <class R>
   static StateDict load(R& rt, const std::filesystem::path& path, const State& state, bool strict) {
-    const checkpoint::TorchFile file;
+    // Mapped: the model's and optimizer's tensors are copied from the file's pages into the
+    // memory they already hold (no fresh memory to touch); nothing mapped outlives the load.
+    const checkpoint::TorchFile file({}, {.map = true});
     const c10::IValue value = rt.strategy().load_checkpoint(path, file, rt.device().device());
     return state::load_entries(state, value, path.string(), strict);
   }

@@ -24,7 +24,8 @@
 
 #include <loom/checkpoint/async.hpp>
 #include <loom/checkpoint/checkpoint_io.hpp>
-#include <loom/concepts/strategy.hpp>
+#include <loom/checkpoint/shards.hpp>
+#include <loom/detail/agree_on_failure.hpp>
 #include <loom/detail/message_of.hpp>
 #include <loom/error.hpp>
 #include <loom/state/checkpoint.hpp>
@@ -158,19 +159,12 @@ class Checkpoints {
     const std::int64_t step = *pending_;
     pending_.reset();
     std::exception_ptr error = writer_->wait();
-    auto& s = rt.strategy();
-    // The first rank whose write failed, or world_size when none did: one all-reduce.
-    at::Tensor first = rt.to_device(at::full({1}, error ? s.rank() : s.world_size(), at::kLong));
-    s.all_reduce(first, dist::ReduceOp::Min);
-    const auto failed = first.template item<std::int64_t>();
-    if (failed == s.world_size()) {
-      if (pending_writer_) finish(step);
-      return;
-    }
-    const std::string reason = s.broadcast_object(
-        error ? loom::detail::message_of(error) : std::string(), static_cast<int>(failed));
-    throw Error("loom::Checkpoints: the background save of " + path(step).string() +
-                " failed on rank " + std::to_string(failed) + ": " + reason);
+    std::string failure = error ? loom::detail::message_of(error) : std::string();
+    if (error && failure.empty()) failure = "an error with no message";
+    loom::detail::agree_on_failure(
+        rt.strategy(), rt.device().device(), failure,
+        "loom::Checkpoints: the background save of " + path(step).string());
+    if (pending_writer_) finish(step);
   }
 
   /// True between an asynchronous save and the wait that follows it.
@@ -264,16 +258,10 @@ class Checkpoints {
   /// Removes the files a sharded save of `step` wrote beside its main file
   /// (step-N.TAG.shard-R-of-W.pt, checkpoint/shards.hpp).
   void remove_companions(std::int64_t step) const {
-    const std::string head = "step-" + std::to_string(step) + ".";
-    std::error_code ec;
-    std::vector<std::filesystem::path> found;
-    for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.compare(0, head.size(), head) == 0 && name.find(".shard-") != std::string::npos) {
-        found.push_back(e.path());
-      }
+    for (const auto& [file, tag] : checkpoint::shard_files(path(step))) {
+      std::error_code ec;
+      std::filesystem::remove(file, ec);
     }
-    for (const auto& f : found) std::filesystem::remove(f, ec);
   }
 
   std::filesystem::path dir_;

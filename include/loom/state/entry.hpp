@@ -100,11 +100,13 @@ class StateEntry {
       load_ = [mut, path](const c10::IValue& v, bool strict) {
         state::load_module_state(loom::detail::as_module(*mut), v, path, strict);
       };
+      copies_tensors_ = true;
     } else if constexpr (std::is_base_of_v<torch::optim::Optimizer, U>) {
       save_ = [mut, path] { return c10::IValue(state::optimizer_state(*mut, path)); };
       load_ = [mut, path](const c10::IValue& v, bool) {
         state::load_optimizer_state(*mut, v, path, /*adopt=*/true);
       };
+      copies_tensors_ = true;
     } else if constexpr (state::detail::runtime_like<U>) {
       save_ = [mut] { return c10::IValue(state::runtime_state(*mut)); };
       load_ = [mut](const c10::IValue& v, bool strict) {
@@ -172,8 +174,13 @@ class StateEntry {
   /// Restores the object from the value rt.load just read from a file (an optimizer keeps
   /// the value's tensors that need no cast); throws loom::Error naming the key at fault.
   void load(const c10::IValue& value, bool strict) const { load_(value, strict); }
+  /// Whether load() keeps none of the value's tensors (a module copies them into its own, an
+  /// optimizer copies or keeps only those not mapped: state/optimizer.hpp), so rt.load may hand
+  /// it tensors that view a mapped file (checkpoint/mapped.hpp); other entries get their own.
+  bool copies_tensors() const noexcept { return copies_tensors_; }
 
  private:
+  bool copies_tensors_ = false;
   std::string name_;
   std::function<c10::IValue()> save_;
   std::function<void(const c10::IValue&, bool)> load_;

@@ -13,6 +13,7 @@
 #include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 
+#include <loom/checkpoint/mapped.hpp>
 #include <loom/detail/module_tensors.hpp>
 #include <loom/error.hpp>
 #include <loom/state/values.hpp>
@@ -40,7 +41,7 @@ inline void load_module_state(torch::nn::Module& module, const c10::IValue& stat
   const Dict d = as_dict(state, path);
   const auto own = module_tensors(module);
   std::vector<std::string> missing, unexpected, wrong;
-  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (destination, source)
+  checkpoint::TensorCopies copies;  // (destination, source)
   for (const auto& [name, dst] : own) {
     auto it = d.find(c10::IValue(name));
     if (it == d.end()) {
@@ -97,8 +98,7 @@ inline void load_module_state(torch::nn::Module& module, const c10::IValue& stat
                         ? "\n  (strict = false loads the keys that match)"
                         : ""));
   }
-  at::NoGradGuard no_grad;
-  for (auto& [dst, src] : copies) dst.copy_(src);
+  checkpoint::copy_all(copies);
 }
 
 }  // namespace loom::state

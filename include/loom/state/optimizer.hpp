@@ -15,6 +15,7 @@
 // load_state_dict (which replaces a group's options wholesale) continues with the same kernel.
 // A parameter whose state is empty (SGD without momentum) has no entry under "state".
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -25,6 +26,7 @@
 #include <c10/util/Type.h>
 #include <torch/optim/optimizer.h>
 
+#include <loom/checkpoint/mapped.hpp>
 #include <loom/error.hpp>
 #include <loom/optim/optimizer_table.hpp>
 #include <loom/optim/optimizer_traits.hpp>
@@ -48,13 +50,20 @@ inline const optim::OptimizerInfo& checkpointable(const torch::optim::Optimizer&
               "\"Your own optimizer\")");
 }
 
+/// Copies decided while a checkpoint is decoded, made once all of it decoded (into the state
+/// tensors the optimizer already has): {destination, source}.
+using Copies = checkpoint::TensorCopies;
+
 /// A state tensor of the checkpoint for parameter `p`: on p's device, in p's dtype when both
 /// are floating point (Python's rule for every state but `step`), laid out like p. With
-/// `adopt` (a state just read from a file) a tensor that already is all that and the only
-/// user of its storage is kept, as Python keeps it; anything else is copied, so no state
-/// tensor ever aliases another's or one still in use elsewhere.
+/// `adopt` (a state just read from a file) a tensor that already is all that, the only user of
+/// its storage and not a view of a mapped file (checkpoint/mapped.hpp) is kept, as Python keeps
+/// it. Else `into`, the optimizer's own tensor for this state, is reused where it is all that:
+/// the copy into it is added to `copies` (made after every check) and `into` returned, so a
+/// load writes into memory the optimizer already holds. Anything else is copied into a new
+/// tensor, so no state tensor ever aliases another's or one still in use elsewhere.
 inline at::Tensor like_param(const at::Tensor& t, const at::Tensor& p, std::string_view path,
-                             bool adopt) {
+                             bool adopt, const at::Tensor& into = {}, Copies* copies = nullptr) {
   if (t.sizes() != p.sizes()) {
     fail(path,
          "has shape " + shape_string(t.sizes()) + ", its parameter " + shape_string(p.sizes()));
@@ -62,10 +71,17 @@ inline at::Tensor like_param(const at::Tensor& t, const at::Tensor& p, std::stri
   const auto dtype = at::isFloatingType(t.scalar_type()) && at::isFloatingType(p.scalar_type())
                          ? p.scalar_type()
                          : t.scalar_type();
-  if (adopt && t.device() == p.device() && t.scalar_type() == dtype && t.strides() == p.strides() &&
-      t.storage_offset() == 0 && t.storage().use_count() == 1 &&
-      t.storage().nbytes() == t.nbytes() && !t.requires_grad()) {
+  auto fits = [&](const at::Tensor& x) {
+    return x.sizes() == p.sizes() && x.device() == p.device() && x.scalar_type() == dtype &&
+           x.strides() == p.strides() && !x.requires_grad();
+  };
+  if (adopt && fits(t) && t.storage_offset() == 0 && t.storage().use_count() == 1 &&
+      t.storage().nbytes() == t.nbytes() && !checkpoint::is_mapped(t)) {
     return t;
+  }
+  if (copies != nullptr && into.defined() && fits(into)) {
+    copies->emplace_back(into, t);
+    return into;
   }
   return at::empty_like(p, p.options().dtype(dtype)).copy_(t);
 }
@@ -83,8 +99,16 @@ inline double step_value(const c10::IValue& v, std::string_view path) {
 /// optim::PythonReader over one dict of a checkpoint, with state/values.hpp's errors.
 class DictReader final : public optim::PythonReader {
  public:
-  DictReader(Dict d, std::string path, at::Tensor param = {}, bool adopt = false)
-      : d_(std::move(d)), path_(std::move(path)), param_(std::move(param)), adopt_(adopt) {}
+  /// `reuse`: the optimizer's current state of `param` (its tensors, by key, as save_state
+  /// gives them) and where the copies into them go; see like_param.
+  DictReader(Dict d, std::string path, at::Tensor param = {}, bool adopt = false,
+             std::optional<Dict> reuse = std::nullopt, Copies* copies = nullptr)
+      : d_(std::move(d)),
+        path_(std::move(path)),
+        param_(std::move(param)),
+        adopt_(adopt),
+        reuse_(std::move(reuse)),
+        copies_(copies) {}
 
   bool has(std::string_view key) const override {
     auto it = d_.find(c10::IValue(std::string(key)));
@@ -104,8 +128,13 @@ class DictReader final : public optim::PythonReader {
     return out;
   }
   at::Tensor tensor(std::string_view key) const override {
+    at::Tensor into;
+    if (reuse_) {
+      auto it = reuse_->find(c10::IValue(std::string(key)));
+      if (it != reuse_->end() && it->value().isTensor()) into = it->value().toTensor();
+    }
     return like_param(as_tensor(at(d_, key, path_), join(path_, key)), param_, join(path_, key),
-                      adopt_);
+                      adopt_, into, copies_);
   }
   const at::Tensor& param() const override { return param_; }
   [[noreturn]] void fail(std::string_view key, std::string_view what) const override {
@@ -117,6 +146,8 @@ class DictReader final : public optim::PythonReader {
   std::string path_;
   at::Tensor param_;
   bool adopt_;
+  std::optional<Dict> reuse_;
+  Copies* copies_;
 };
 
 inline Dict save(const torch::optim::Optimizer& opt, const optim::OptimizerInfo& info) {
@@ -165,6 +196,7 @@ inline void load(torch::optim::Optimizer& opt, const optim::OptimizerInfo& info,
     std::size_t group;
   };
   std::unordered_map<int64_t, Owner> by_id;
+  Copies copies;  // into state tensors the optimizer has: made after every check passed
   for (std::size_t i = 0; i < groups.size(); ++i) {
     const std::string gpath = join(join(path, "param_groups"), std::to_string(i));
     const Dict g = as_dict(groups[i], gpath);
@@ -191,10 +223,20 @@ inline void load(torch::optim::Optimizer& opt, const optim::OptimizerInfo& info,
       fail(spath, "no parameter of the checkpoint's param_groups has this id");
     }
     const at::Tensor& param = owner->second.param;
+    // The state this parameter has now: its tensors are reused where they fit (loaded into in
+    // place), so a resume over a trained optimizer allocates nothing.
+    std::optional<Dict> current;
+    if (auto it = opt.state().find(param.unsafeGetTensorImpl());
+        it != opt.state().end() && it->second) {
+      current = new_dict();
+      info.save_state(*it->second, *current);
+    }
     states.emplace_back(param.unsafeGetTensorImpl(),
-                        info.load_state(DictReader(as_dict(e.value(), spath), spath, param, adopt),
+                        info.load_state(DictReader(as_dict(e.value(), spath), spath, param, adopt,
+                                                   std::move(current), &copies),
                                         *options[owner->second.group]));
   }
+  checkpoint::copy_all(copies);
   for (std::size_t i = 0; i < own.size(); ++i) own[i].set_options(std::move(options[i]));
   opt.state().clear();
   for (auto& [key, s] : states) opt.state()[key] = std::move(s);

@@ -1,0 +1,244 @@
+// loom::checkpoint::MappedFile, is_mapped, unmapped and the two-thread CRC check of a mapped
+// load (include/loom/checkpoint/mapped.hpp).
+#include <loom/checkpoint/mapped.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <system_error>
+#include <thread>
+#include <unordered_map>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/Storage.h>
+
+#include <loom/checkpoint/crc32.hpp>
+#include <loom/error.hpp>
+
+namespace loom::checkpoint {
+
+namespace {
+
+// The DataPtr context of a mapped storage: it keeps the mapping alive. Its deleter marks the
+// storage as mapped (is_mapped compares it).
+void release_mapping(void* ctx) { delete static_cast<std::shared_ptr<const MappedFile>*>(ctx); }
+
+}  // namespace
+
+std::shared_ptr<const MappedFile> MappedFile::open(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  void* base = MAP_FAILED;
+  std::size_t size = 0;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+    size = static_cast<std::size_t>(st.st_size);
+    // PROT_WRITE on a private mapping: a write copies the page and never reaches the file, so a
+    // tensor of it behaves as one in its own memory would.
+    base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  }
+  ::close(fd);  // the mapping stays valid without the descriptor
+  if (base == MAP_FAILED) return nullptr;
+  return std::shared_ptr<const MappedFile>(new MappedFile(base, size));
+}
+
+MappedFile::~MappedFile() { ::munmap(base_, size_); }
+
+at::Tensor MappedFile::bytes(std::size_t offset, std::size_t n, const std::string& what) const {
+  if (offset > size_ || n > size_ - offset) {
+    throw Error("loom::checkpoint: " + what + ": a record of " + std::to_string(n) +
+                " bytes at offset " + std::to_string(offset) + " lies beyond the end of the " +
+                std::to_string(size_) + "-byte file (truncated or corrupted)");
+  }
+  auto* data = static_cast<char*>(base_) + offset;
+  auto* keep = new std::shared_ptr<const MappedFile>(shared_from_this());
+  c10::Storage storage(c10::Storage::use_byte_size_t(), n,
+                       c10::DataPtr(data, keep, &release_mapping, c10::Device(c10::kCPU)),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  return at::empty({0}, at::TensorOptions(at::kByte))
+      .set_(std::move(storage), 0, {static_cast<int64_t>(n)}, {1});
+}
+
+bool is_mapped(const at::Tensor& t) noexcept {
+  return t.defined() && t.has_storage() && t.storage().data_ptr().get_deleter() == &release_mapping;
+}
+
+namespace {
+
+class Unmapper {
+ public:
+  c10::IValue operator()(const c10::IValue& v) {
+    if (v.isTensor()) return tensor(v.toTensor());
+    if (v.isGenericDict()) {
+      auto d = v.toGenericDict();
+      for (auto it = d.begin(); it != d.end(); ++it) {
+        if (holds_tensors(it->value())) it->setValue((*this)(it->value()));
+      }
+      return v;
+    }
+    if (v.isList()) {
+      auto l = v.toList();
+      for (std::size_t i = 0; i < l.size(); ++i) {
+        const c10::IValue e = l.get(i);
+        if (holds_tensors(e)) l.set(i, (*this)(e));
+      }
+      return v;
+    }
+    if (v.isTuple()) {
+      const auto& elements = v.toTupleRef().elements();
+      std::vector<c10::IValue> out;
+      out.reserve(elements.size());
+      bool changed = false;
+      for (const auto& e : elements) {
+        out.push_back((*this)(e));
+        changed = changed || !out.back().isSameIdentity(e);
+      }
+      return changed ? c10::IValue(c10::ivalue::Tuple::create(std::move(out))) : v;
+    }
+    return v;
+  }
+
+ private:
+  static bool holds_tensors(const c10::IValue& v) {
+    return v.isTensor() || v.isGenericDict() || v.isList() || v.isTuple();
+  }
+  c10::IValue tensor(const at::Tensor& t) {
+    if (!is_mapped(t)) return t;
+    const c10::Storage& from = t.storage();
+    auto it = copies_.find(from.unsafeGetStorageImpl());
+    if (it == copies_.end()) {
+      c10::Storage own(c10::Storage::use_byte_size_t(), from.nbytes(),
+                       c10::GetDefaultCPUAllocator(),
+                       /*resizable=*/true);
+      if (from.nbytes() > 0) std::memcpy(own.mutable_data(), from.data(), from.nbytes());
+      it = copies_.emplace(from.unsafeGetStorageImpl(), std::move(own)).first;
+    }
+    at::Tensor out =
+        at::empty({0}, t.options()).set_(it->second, t.storage_offset(), t.sizes(), t.strides());
+    if (t.requires_grad()) out.requires_grad_(true);
+    return out;
+  }
+
+  std::unordered_map<const c10::StorageImpl*, c10::Storage> copies_;
+};
+
+}  // namespace
+
+c10::IValue unmapped(const c10::IValue& value) { return Unmapper{}(value); }
+
+namespace {
+
+// Copies n bytes with streaming (non-temporal) stores where the CPU has them: the destination's
+// lines are written without being read first, a third less memory traffic than memcpy here.
+void stream_copy(char* dst, const char* src, std::size_t n) {
+#if defined(__x86_64__)
+  // SSE2 is part of x86-64: no dispatch needed. Align the destination to 16 bytes first.
+  const auto head =
+      std::min<std::size_t>(n, (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16);
+  std::memcpy(dst, src, head);
+  std::size_t i = head;
+  for (; i + 64 <= n; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  std::memcpy(dst + i, src + i, n - i);
+  _mm_sfence();  // the streamed lines are visible before anyone reads them
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+}  // namespace
+
+void copy_all(const TensorCopies& copies) {
+  at::NoGradGuard no_grad;
+  struct Piece {
+    char* dst;
+    const char* src;
+    std::size_t n;
+  };
+  constexpr std::size_t kPiece = std::size_t{4} << 20;
+  constexpr int64_t kStreamed = int64_t{1} << 20;  // smaller ones: copy_, through the caches
+  std::vector<Piece> pieces;
+  for (const auto& [dst, src] : copies) {
+    const bool plain = dst.nbytes() >= kStreamed && dst.device().is_cpu() &&
+                       src.device().is_cpu() && dst.layout() == at::kStrided &&
+                       src.layout() == at::kStrided && dst.scalar_type() == src.scalar_type() &&
+                       dst.sizes() == src.sizes() && dst.is_contiguous() && src.is_contiguous() &&
+                       !dst.is_conj() && !src.is_conj() && !dst.is_neg() && !src.is_neg() &&
+                       !dst.is_quantized() && dst.has_storage() && src.has_storage() &&
+                       !dst.storage().is_alias_of(src.storage());
+    if (!plain) {
+      dst.copy_(src);
+      continue;
+    }
+    auto* d = static_cast<char*>(dst.mutable_data_ptr());
+    const auto* s = static_cast<const char*>(src.const_data_ptr());
+    const auto n = static_cast<std::size_t>(dst.nbytes());
+    for (std::size_t at = 0; at < n; at += kPiece) {
+      pieces.push_back(Piece{d + at, s + at, std::min(kPiece, n - at)});
+    }
+    dst.unsafeGetTensorImpl()->bump_version();  // as copy_ does: autograd sees the change
+  }
+  at::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t begin, int64_t end) {
+    for (auto i = begin; i < end; ++i) {
+      const Piece& p = pieces[static_cast<std::size_t>(i)];
+      stream_copy(p.dst, p.src, p.n);
+    }
+  });
+}
+
+namespace detail {
+
+void check_crcs(const std::vector<CrcRecord>& records, const std::string& what) {
+  std::size_t total = 0;
+  for (const auto& r : records) total += r.size;
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::size_t> failed{records.size()};  // the lowest index that failed
+  auto work = [&] {
+    for (std::size_t i = next++; i < records.size(); i = next++) {
+      const auto& r = records[i];
+      if (r.expected == 0 || crc32(r.data, r.size) == r.expected) continue;
+      std::size_t seen = failed.load();
+      while (i < seen && !failed.compare_exchange_weak(seen, i)) {
+      }
+    }
+  };
+  std::thread second;
+  if (total >= (std::size_t{1} << 20) && records.size() > 1 &&
+      std::thread::hardware_concurrency() >= 2) {
+    try {
+      second = std::thread(work);
+    } catch (const std::system_error&) {
+      // no thread: this one checks them all
+    }
+  }
+  work();
+  if (second.joinable()) second.join();
+  if (failed.load() < records.size()) {
+    throw Error("loom::checkpoint: " + what + ": the record " + records[failed.load()].name +
+                " is corrupted (its CRC-32 does not match the one written with it)");
+  }
+}
+
+}  // namespace detail
+
+}  // namespace loom::checkpoint
