@@ -4,6 +4,7 @@
 #include <loom/checkpoint/crc32.hpp>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 
 #if defined(LOOM_CRC32_LIBDEFLATE)
@@ -31,6 +32,47 @@ uint32_t crc32(const void* data, std::size_t n, uint32_t crc) {
 #else
   return crc32_portable(data, n, crc);
 #endif
+}
+
+namespace {
+
+// a(x) * b(x) modulo the CRC-32 polynomial, bits reflected as the CRC keeps them (bit 31 is
+// x^0).
+constexpr uint32_t multiply_mod_p(uint32_t a, uint32_t b) {
+  uint32_t m = 1u << 31, p = 0;
+  for (;;) {
+    if (a & m) {
+      p ^= b;
+      if ((a & (m - 1)) == 0) break;
+    }
+    m >>= 1;
+    b = (b & 1u) ? (b >> 1) ^ 0xEDB88320u : b >> 1;
+  }
+  return p;
+}
+
+// x^(2^k) modulo the polynomial, k = 0 .. 66 (a shift by n < 2^64 bytes is n * 8 bits).
+constexpr std::array<uint32_t, 67> make_powers() {
+  std::array<uint32_t, 67> t{};
+  uint32_t p = 1u << 30;  // x^1
+  for (auto& e : t) {
+    e = p;
+    p = multiply_mod_p(p, p);
+  }
+  return t;
+}
+
+constexpr auto kPowers = make_powers();
+
+}  // namespace
+
+uint32_t crc32_combine(uint32_t crc_a, uint32_t crc_b, std::size_t n_b) {
+  // crc(A B) = crc(A) * x^(8 n_b) + crc(B) (mod the polynomial).
+  uint32_t shift = 1u << 31;  // x^0
+  for (std::size_t k = 3; n_b != 0; n_b >>= 1, ++k) {
+    if (n_b & 1u) shift = multiply_mod_p(kPowers[k], shift);
+  }
+  return multiply_mod_p(shift, crc_a) ^ crc_b;
 }
 
 const char* crc32_implementation() {

@@ -1,5 +1,5 @@
-// loom::checkpoint::MappedFile, is_mapped, unmapped and the two-thread CRC check of a mapped
-// load (include/loom/checkpoint/mapped.hpp).
+// loom::checkpoint::MappedFile, is_mapped, unmapped, copy_all and DeferredChecks
+// (include/loom/checkpoint/mapped.hpp).
 #include <loom/checkpoint/mapped.hpp>
 
 #include <algorithm>
@@ -141,7 +141,8 @@ c10::IValue unmapped(const c10::IValue& value) { return Unmapper{}(value); }
 namespace {
 
 // Copies n bytes with streaming (non-temporal) stores where the CPU has them: the destination's
-// lines are written without being read first, a third less memory traffic than memcpy here.
+// lines are written without being read first (a third less memory traffic than memcpy) and
+// leave the cache to the source's, which the CRC-32 that follows reads again.
 void stream_copy(char* dst, const char* src, std::size_t n) {
 #if defined(__x86_64__)
   // SSE2 is part of x86-64: no dispatch needed. Align the destination to 16 bytes first.
@@ -166,64 +167,121 @@ void stream_copy(char* dst, const char* src, std::size_t n) {
 #endif
 }
 
+thread_local DeferredChecks* t_current = nullptr;
+
+// Whether dst.copy_(src) is a plain copy of nbytes contiguous CPU bytes.
+bool plain_copy(const at::Tensor& dst, const at::Tensor& src) {
+  return dst.device().is_cpu() && src.device().is_cpu() && dst.layout() == at::kStrided &&
+         src.layout() == at::kStrided && dst.scalar_type() == src.scalar_type() &&
+         dst.sizes() == src.sizes() && dst.is_contiguous() && src.is_contiguous() &&
+         !dst.is_conj() && !src.is_conj() && !dst.is_neg() && !src.is_neg() &&
+         !dst.is_quantized() && dst.has_storage() && src.has_storage() &&
+         !dst.storage().is_alias_of(src.storage());
+}
+
 }  // namespace
 
 void copy_all(const TensorCopies& copies) {
   at::NoGradGuard no_grad;
+  DeferredChecks* checks = t_current;
+  // Pieces small enough that the CRC-32 reads what the copy just brought into the cache.
+  constexpr std::size_t kPiece = std::size_t{256} << 10;
   struct Piece {
     char* dst;
     const char* src;
     std::size_t n;
+    std::size_t record;  // index in checks->records_
+    uint32_t crc;
   };
-  constexpr std::size_t kPiece = std::size_t{4} << 20;
-  constexpr int64_t kStreamed = int64_t{1} << 20;  // smaller ones: copy_, through the caches
   std::vector<Piece> pieces;
   for (const auto& [dst, src] : copies) {
-    const bool plain = dst.nbytes() >= kStreamed && dst.device().is_cpu() &&
-                       src.device().is_cpu() && dst.layout() == at::kStrided &&
-                       src.layout() == at::kStrided && dst.scalar_type() == src.scalar_type() &&
-                       dst.sizes() == src.sizes() && dst.is_contiguous() && src.is_contiguous() &&
-                       !dst.is_conj() && !src.is_conj() && !dst.is_neg() && !src.is_neg() &&
-                       !dst.is_quantized() && dst.has_storage() && src.has_storage() &&
-                       !dst.storage().is_alias_of(src.storage());
-    if (!plain) {
-      dst.copy_(src);
+    const std::size_t record =
+        checks != nullptr ? checks->whole_record(src) : DeferredChecks::kNone;
+    if (record == DeferredChecks::kNone || !plain_copy(dst, src)) {
+      dst.copy_(src);  // a record copied this way is checked by finish()
       continue;
     }
+    checks->records_[record].checked = true;  // below, once copied
     auto* d = static_cast<char*>(dst.mutable_data_ptr());
     const auto* s = static_cast<const char*>(src.const_data_ptr());
     const auto n = static_cast<std::size_t>(dst.nbytes());
     for (std::size_t at = 0; at < n; at += kPiece) {
-      pieces.push_back(Piece{d + at, s + at, std::min(kPiece, n - at)});
+      pieces.push_back(Piece{d + at, s + at, std::min(kPiece, n - at), record, 0});
     }
     dst.unsafeGetTensorImpl()->bump_version();  // as copy_ does: autograd sees the change
   }
+  if (pieces.empty()) return;
   at::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t begin, int64_t end) {
     for (auto i = begin; i < end; ++i) {
-      const Piece& p = pieces[static_cast<std::size_t>(i)];
+      Piece& p = pieces[static_cast<std::size_t>(i)];
       stream_copy(p.dst, p.src, p.n);
+      p.crc = detail::crc32(p.src, p.n);
     }
   });
+  // A record's pieces are consecutive: their CRCs combine into the record's.
+  for (std::size_t i = 0; i < pieces.size();) {
+    const std::size_t record = pieces[i].record;
+    uint32_t crc = pieces[i].crc;
+    for (++i; i < pieces.size() && pieces[i].record == record; ++i) {
+      crc = detail::crc32_combine(crc, pieces[i].crc, pieces[i].n);
+    }
+    const auto& r = checks->records_[record];
+    if (crc != r.expected) checks->fail(r);
+  }
 }
 
-namespace detail {
+DeferredChecks::DeferredChecks(std::string note) : note_(std::move(note)), outer_(t_current) {
+  t_current = this;
+}
 
-void check_crcs(const std::vector<CrcRecord>& records, const std::string& what) {
+DeferredChecks::~DeferredChecks() { t_current = outer_; }
+
+DeferredChecks* DeferredChecks::current() noexcept { return t_current; }
+
+void DeferredChecks::defer(std::string what, std::string name, at::Tensor bytes,
+                           uint32_t expected) {
+  if (expected == 0) return;  // none recorded
+  by_data_.insert_or_assign(bytes.const_data_ptr(), records_.size());
+  records_.push_back(Record{std::move(what), std::move(name), std::move(bytes), expected});
+}
+
+std::size_t DeferredChecks::whole_record(const at::Tensor& src) const {
+  if (!is_mapped(src) || !src.is_contiguous()) return kNone;
+  const auto it = by_data_.find(src.const_data_ptr());
+  if (it == by_data_.end()) return kNone;
+  const Record& r = records_[it->second];
+  return !r.checked && r.bytes.nbytes() == src.nbytes() ? it->second : kNone;
+}
+
+void DeferredChecks::fail(const Record& r) const {
+  throw detail::corrupted_record(r.what, r.name, note_);
+}
+
+void DeferredChecks::finish() {
+  std::vector<const Record*> left;
   std::size_t total = 0;
-  for (const auto& r : records) total += r.size;
+  for (auto& r : records_) {
+    if (r.checked) continue;
+    left.push_back(&r);
+    total += static_cast<std::size_t>(r.bytes.nbytes());
+    r.checked = true;
+  }
   std::atomic<std::size_t> next{0};
-  std::atomic<std::size_t> failed{records.size()};  // the lowest index that failed
+  std::atomic<std::size_t> failed{left.size()};  // the lowest index that failed
   auto work = [&] {
-    for (std::size_t i = next++; i < records.size(); i = next++) {
-      const auto& r = records[i];
-      if (r.expected == 0 || crc32(r.data, r.size) == r.expected) continue;
+    for (std::size_t i = next++; i < left.size(); i = next++) {
+      const Record& r = *left[i];
+      if (detail::crc32(r.bytes.const_data_ptr(), static_cast<std::size_t>(r.bytes.nbytes())) ==
+          r.expected) {
+        continue;
+      }
       std::size_t seen = failed.load();
       while (i < seen && !failed.compare_exchange_weak(seen, i)) {
       }
     }
   };
   std::thread second;
-  if (total >= (std::size_t{1} << 20) && records.size() > 1 &&
+  if (total >= detail::kCheckAsideBytes && left.size() > 1 &&
       std::thread::hardware_concurrency() >= 2) {
     try {
       second = std::thread(work);
@@ -233,12 +291,7 @@ void check_crcs(const std::vector<CrcRecord>& records, const std::string& what) 
   }
   work();
   if (second.joinable()) second.join();
-  if (failed.load() < records.size()) {
-    throw Error("loom::checkpoint: " + what + ": the record " + records[failed.load()].name +
-                " is corrupted (its CRC-32 does not match the one written with it)");
-  }
+  if (failed.load() < left.size()) fail(*left[failed.load()]);
 }
-
-}  // namespace detail
 
 }  // namespace loom::checkpoint

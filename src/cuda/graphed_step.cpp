@@ -17,6 +17,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <loom/detail/message_of.hpp>
 #include <loom/error.hpp>
@@ -27,14 +28,7 @@ namespace {
 
 [[noreturn]] void fail(const std::string& what) { throw Error("loom::cuda::GraphedStep: " + what); }
 
-std::string shape_of(const at::Tensor& t) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < t.sizes().size(); ++i) {
-    if (i > 0) s += ", ";
-    s += std::to_string(t.sizes()[i]);
-  }
-  return s + "] " + std::string(c10::toString(t.scalar_type()));
-}
+std::string shape_of(const at::Tensor& t) { return c10::str(t.sizes(), " ", t.scalar_type()); }
 
 /// The ATen ops in flight on this thread while alive; when an exception unwinds through them,
 /// the stack as it was when it was thrown (the innermost op last).

@@ -30,6 +30,7 @@
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include <loom/amp/grad_scaler.hpp>
+#include <loom/checkpoint/mapped.hpp>
 #include <loom/checkpoint/shards.hpp>
 #include <loom/detail/agree_on_failure.hpp>
 #include <loom/detail/clip_grad.hpp>
@@ -737,6 +738,9 @@ c10::IValue Zero::load_checkpoint(const std::filesystem::path& path,
   c10::IValue value;
   std::string failure;
   try {
+    // Every CRC-32 checked here, inside the agreement (not as rt.load copies the tensors): a
+    // corrupted shard fails every rank.
+    checkpoint::DeferredChecks checks;
     value = io.load(path, device);
     if (checkpoint::has_shard_index(value)) {
       const auto index = checkpoint::shard_index(value, path);
@@ -748,6 +752,7 @@ c10::IValue Zero::load_checkpoint(const std::filesystem::path& path,
       value = checkpoint::merge_shards(path, std::move(value), io, device,
                                        [&](int r) { return !same || r == rank(); });
     }
+    checks.finish();
   } catch (const std::exception& e) {
     failure = *e.what() ? e.what() : "an error with no message";
   }

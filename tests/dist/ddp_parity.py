@@ -18,13 +18,12 @@ Usage: python ddp_parity.py --worker BIN --dir DIR     (the driver)
 """
 
 import argparse
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from launch import torchrun
 
 SAMPLES, EPOCHS, BATCH, WORLD = 96, 2, 8, 2
 # (precision, micro-batches per step, static_graph with a layer no forward uses, comm hook,
@@ -140,21 +139,8 @@ def python_side(d, precision, accumulate, static_graph, hook, join):
     dist.destroy_process_group()
 
 
-def torchrun(*cmd, attempts=1):
-    exe = Path(sys.executable).with_name("torchrun")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    for attempt in range(1, attempts + 1):
-        r = subprocess.run([str(exe), "--standalone", f"--nproc-per-node={WORLD}", *cmd],
-                           env=env, capture_output=True, text=True, timeout=300)
-        if r.returncode == 0:
-            return
-        sys.stderr.write(r.stdout[-3000:] + r.stderr[-3000:])
-        if attempt < attempts:
-            print(f"ddp_parity: {' '.join(cmd[:3])} failed with exit {r.returncode} "
-                  f"(attempt {attempt} of {attempts}); running it again")
-    raise SystemExit(f"ddp_parity: {' '.join(cmd[:3])} failed with exit {r.returncode}")
+def run(*cmd, attempts=1):
+    torchrun(list(cmd), WORLD, " ".join(cmd[:3]), attempts, test="ddp_parity")
 
 
 def driver(worker, d):
@@ -167,10 +153,10 @@ def driver(worker, d):
         # Python's own DDP is the reference: a rare crash of stock torch's gloo ranks ("terminate
         # called without an active exception", SIGABRT) is not loom's, so its side gets a
         # second attempt; loom's side gets one.
-        torchrun(__file__, "--role", "python", "--dir", str(d), "--precision", precision,
+        run(__file__, "--role", "python", "--dir", str(d), "--precision", precision,
                  "--accumulate", str(k), "--comm-hook", hook, *(["--static-graph"] if static else []),
                  *(["--join"] if join else []), attempts=2)
-        torchrun("--no-python", worker, "parity", f"dir={d}", f"precision={precision}",
+        run("--no-python", worker, "parity", f"dir={d}", f"precision={precision}",
                  f"samples={SAMPLES}", f"epochs={EPOCHS}", f"batch={BATCH}", f"accumulate={k}",
                  f"growth_interval={GROWTH_INTERVAL}", f"static_graph={int(static)}",
                  f"unused={int(static)}", f"comm_hook={hook}",

@@ -37,6 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from launch import torchrun
+
 STEPS, GLOBAL, WORLD = 20, 8, 2
 SAMPLES = STEPS * GLOBAL
 LR, WD = 1e-2, 0.01
@@ -154,20 +156,7 @@ def python_resume(d, ckpt, start):
 
 
 def run(cmd, nproc, what, attempts=1):
-    exe = Path(sys.executable).with_name("torchrun")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    if nproc > 0:
-        cmd = [str(exe), "--standalone", f"--nproc-per-node={nproc}", *cmd]
-    for attempt in range(1, attempts + 1):
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        if r.returncode == 0:
-            return r.stdout
-        sys.stderr.write(r.stdout[-3000:] + r.stderr[-3000:])
-        if attempt < attempts:
-            print(f"zero_parity: {what} failed with exit {r.returncode} (attempt {attempt}); again")
-    raise SystemExit(f"zero_parity: {what} failed with exit {r.returncode}")
+    return torchrun(cmd, nproc, what, attempts, test="zero_parity")
 
 
 def ranks(d, tag, world):

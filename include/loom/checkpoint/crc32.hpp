@@ -59,6 +59,22 @@ inline uint32_t crc32_portable(const void* data, std::size_t n, uint32_t crc = 0
 /// else crc32_portable.
 uint32_t crc32(const void* data, std::size_t n, uint32_t crc = 0);
 
+/// The CRC-32 of A followed by B, from crc32(A), crc32(B) and B's length in bytes (what zlib's
+/// crc32_combine gives): pieces of one record checked on different threads make its CRC.
+uint32_t crc32_combine(uint32_t crc_a, uint32_t crc_b, std::size_t n_b);
+
+/// Records of this many bytes or more have their CRC-32 checked aside (on a second thread, or
+/// as they are copied: checkpoint/mapped.hpp); smaller ones at once.
+inline constexpr std::size_t kCheckAsideBytes = std::size_t{1} << 20;
+
+/// The error for record `name` of `what` whose bytes do not match the CRC-32 written with it;
+/// `note` ends the message.
+inline Error corrupted_record(const std::string& what, const std::string& name,
+                              const std::string& note = {}) {
+  return Error("loom::checkpoint: " + what + ": the record " + name +
+               " is corrupted (its CRC-32 does not match the one written with it)" + note);
+}
+
 /// Which implementation crc32() is: "libdeflate 1.14", "zlib 1.2.13" or "loom slicing-by-8".
 const char* crc32_implementation();
 

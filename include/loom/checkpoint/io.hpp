@@ -60,13 +60,11 @@ inline std::string first_line(const c10::Error& e) {
   return first_line(e.what_without_backtrace());
 }
 
-/// Checks records against their CRC-32s. A record of kDeferBytes or more is checked on a
+/// Checks records against their CRC-32s. A record of kCheckAsideBytes or more is checked on a
 /// second thread while the next one is read; finish() waits for those checks and throws for
 /// the first mismatch, so no value is returned before all of its bytes are checked.
 class CrcChecks {
  public:
-  static constexpr std::size_t kDeferBytes = std::size_t{1} << 20;
-
   explicit CrcChecks(const std::string& what) : what_(what) {}
   ~CrcChecks() { join(/*drop=*/true); }
   CrcChecks(const CrcChecks&) = delete;
@@ -77,7 +75,7 @@ class CrcChecks {
   void check(const std::string& name, const at::Tensor& bytes, uint32_t expected) {
     if (expected == 0) return;
     const auto n = static_cast<std::size_t>(bytes.nbytes());
-    if (n >= kDeferBytes && start_worker()) {
+    if (n >= kCheckAsideBytes && start_worker()) {
       std::lock_guard<std::mutex> lock(mutex_);
       jobs_.push_back(Job{name, bytes, expected});
       ready_.notify_one();
@@ -101,10 +99,7 @@ class CrcChecks {
     uint32_t expected;
   };
 
-  [[noreturn]] void fail(const std::string& name) const {
-    throw Error("loom::checkpoint: " + what_ + ": the record " + name +
-                " is corrupted (its CRC-32 does not match the one written with it)");
-  }
+  [[noreturn]] void fail(const std::string& name) const { throw corrupted_record(what_, name); }
   bool start_worker() {
     if (worker_.joinable()) return true;
     if (std::thread::hardware_concurrency() < 2) return false;
@@ -170,8 +165,7 @@ inline std::unordered_map<std::string, uint32_t> write_records(
   int64_t total = 0;
   for (const auto& st : storages) total += st.bytes.nbytes();
   std::jthread worker;  // joined before the storages go (declared after the pickler)
-  if (total >= static_cast<int64_t>(CrcChecks::kDeferBytes) &&
-      std::thread::hardware_concurrency() >= 2) {
+  if (total >= static_cast<int64_t>(kCheckAsideBytes) && std::thread::hardware_concurrency() >= 2) {
     try {
       worker = std::jthread(compute);
     } catch (const std::system_error&) {
@@ -225,8 +219,9 @@ inline at::Tensor mapped_record(const MappedRecords& m, const std::string& name,
 
 /// Reads the value of a torch.save file of `file_bytes` bytes (no storage can be larger),
 /// checking every record it reads against the CRC-32 in `crcs` (the central directory's).
-/// With `mapped`, stored storages are views of the mapped file (checkpoint/mapped.hpp), their
-/// CRC-32s checked on two threads once the pickle is read, before the value is returned.
+/// With `mapped`, stored storages are views of the mapped file (checkpoint/mapped.hpp); those
+/// of kCheckAsideBytes or more are checked by this thread's DeferredChecks where it has one
+/// (rt.load's: as they are copied), else on two threads before the value is returned.
 inline c10::IValue read_records(caffe2::serialize::PyTorchStreamReader& reader,
                                 std::optional<c10::Device> map_location, const std::string& what,
                                 int64_t file_bytes,
@@ -242,7 +237,12 @@ inline c10::IValue read_records(caffe2::serialize::PyTorchStreamReader& reader,
     return it->second;
   };
   CrcChecks checks(what);
-  std::vector<CrcRecord> mapped_checks;
+  std::optional<DeferredChecks> own;  // no caller's: checked here, before returning
+  DeferredChecks* deferred = nullptr;
+  if (mapped != nullptr) {
+    deferred = DeferredChecks::current();
+    if (deferred == nullptr) deferred = &own.emplace();
+  }
   if (reader.hasRecord("constants.pkl")) {
     throw Error("loom::checkpoint: " + what +
                 " is a TorchScript archive (written by torch::save or torch.jit.save), not a "
@@ -272,10 +272,13 @@ inline c10::IValue read_records(caffe2::serialize::PyTorchStreamReader& reader,
     }
     if (mapped != nullptr && nbytes > 0) {
       if (at::Tensor view = mapped_record(*mapped, name, nbytes, what); view.defined()) {
-        // The mapping outlives the checks (the caller holds it); the view may be copied to a
-        // device and dropped before them.
-        mapped_checks.push_back(CrcRecord{name, view.const_data_ptr(),
-                                          static_cast<std::size_t>(nbytes), expected_crc(name)});
+        // The view may be copied to a device and dropped before it is checked: `deferred`
+        // keeps it.
+        if (static_cast<std::size_t>(nbytes) < kCheckAsideBytes) {
+          checks.check(name, view, expected_crc(name));
+        } else {
+          deferred->defer(what, name, view, expected_crc(name));
+        }
         return view;
       }
     }
@@ -288,7 +291,7 @@ inline c10::IValue read_records(caffe2::serialize::PyTorchStreamReader& reader,
                          map_location);
   c10::IValue value = unpickler.read();
   checks.finish();
-  check_crcs(mapped_checks, what);
+  if (own) own->finish();
   return value;
 }
 
@@ -470,7 +473,8 @@ inline std::string save_bytes(const c10::IValue& value) {
 /// `map_location`. A file that is not one, is truncated or corrupted, or needs a Python global
 /// loom does not load (anything that could run code) is a loom::Error saying which. With
 /// `options.map`, the file is mapped and CPU tensors are views of it (LoadOptions says when
-/// that is safe); every record's CRC-32 is still checked before the value is returned.
+/// that is safe); every record's CRC-32 is still checked before the value is returned, unless
+/// this thread has a DeferredChecks, which then checks the large ones (checkpoint/mapped.hpp).
 inline c10::IValue load_value(const std::filesystem::path& path,
                               std::optional<c10::Device> map_location = std::nullopt,
                               LoadOptions options = {}) {
@@ -488,12 +492,12 @@ inline c10::IValue load_value(const std::filesystem::path& path,
           if (offset >= file->size()) return std::string();
           return std::string(file->data() + offset, std::min<uint64_t>(n, file->size() - offset));
         };
-        std::unordered_map<std::string, uint32_t> crcs;
         for (auto& e : detail::zip_entries(read, file->size(), what)) {
-          crcs[e.name] = e.crc;
           auto name = e.name;
-          records.entries.emplace(std::move(name), std::move(e));
+          records.entries.insert_or_assign(std::move(name), std::move(e));
         }
+        std::unordered_map<std::string, uint32_t> crcs;
+        for (const auto& [name, e] : records.entries) crcs.emplace(name, e.crc);
         return detail::read_records(reader, map_location, what, static_cast<int64_t>(file->size()),
                                     crcs, &records);
       }

@@ -9,12 +9,15 @@
 // Like torch.load(mmap=True): a mapped tensor reads the file as it is on disk, so a program that
 // truncates or rewrites the file in place while the tensor lives makes its pages unreadable
 // (SIGBUS). loom's own saves never do (they write a new file and rename it over the old one);
-// rt.load keeps no mapped tensor past its return. Declarations only; src/checkpoint/mapped.cpp.
+// rt.load keeps no mapped tensor past its return. rt.load also checks the CRC-32 of each large
+// record as it copies it (DeferredChecks), so the file's bytes are read once. Declarations only;
+// src/checkpoint/mapped.cpp.
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -60,28 +63,55 @@ c10::IValue unmapped(const c10::IValue& value);
 /// {destination, source} pairs for copy_all.
 using TensorCopies = std::vector<std::pair<at::Tensor, at::Tensor>>;
 
-/// dst.copy_(src) for every pair, without autograd recording (a load's copies). Pairs of 1 MiB
-/// or more on the CPU, of one dtype and shape, both contiguous and not sharing memory, are
-/// copied with streaming stores (x86-64) in 4 MiB pieces over torch's intra-op threads: the
-/// destination is written without being read first, a third less memory traffic than
-/// Tensor::copy_ (measured 1.3-1.5x its speed), and the copies are most of a resume's load.
+/// dst.copy_(src) for every pair, without autograd recording (a load's copies). A source that is
+/// the whole of a record whose CRC-32 a DeferredChecks on this thread has still to check is
+/// checked as it is copied (one pass over its bytes, not two: the copy in 256 KiB pieces over
+/// torch's intra-op threads, each piece's CRC-32 read from the cache); a mismatch is a
+/// loom::Error naming the record, thrown once every pair is copied.
 void copy_all(const TensorCopies& copies);
 
-namespace detail {
+/// While one lives on this thread, mapped reads (load_value with LoadOptions::map) leave the
+/// CRC-32 checks of their records of 1 MiB or more to it instead of making them before they
+/// return (smaller records, the pickle among them, are still checked at once): copy_all checks
+/// a record as it copies the whole of it, finish() checks every other one on two threads. What
+/// rt.load does, so that its copies read the file's bytes once. The price: a corrupted record is
+/// found while (or after) it is copied, so the memory it was copied into holds it; the error
+/// says so (`note`). Nothing read under one may be trusted before finish() returns. Nested ones:
+/// the innermost takes the records.
+class DeferredChecks {
+ public:
+  /// `note` ends the message of every mismatch this one finds.
+  explicit DeferredChecks(std::string note = {});
+  ~DeferredChecks();
+  DeferredChecks(const DeferredChecks&) = delete;
+  DeferredChecks& operator=(const DeferredChecks&) = delete;
 
-/// One record whose CRC-32 is checked: `expected` 0 means none was recorded.
-struct CrcRecord {
-  std::string name;
-  const void* data;
-  std::size_t size;
-  uint32_t expected;
+  /// This thread's innermost one, or null.
+  static DeferredChecks* current() noexcept;
+  /// Record `name` of `what`: `bytes` (kept alive until checked) against `expected`.
+  void defer(std::string what, std::string name, at::Tensor bytes, uint32_t expected);
+  /// Checks every record not checked yet, on two threads where the machine has two cores; a
+  /// mismatch is a loom::Error naming the first record (in the order deferred) that fails.
+  void finish();
+
+ private:
+  friend void copy_all(const TensorCopies& copies);
+  struct Record {
+    std::string what;
+    std::string name;
+    at::Tensor bytes;
+    uint32_t expected;
+    bool checked = false;
+  };
+  static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  /// The index of the unchecked record `src` is the whole of, or kNone.
+  std::size_t whole_record(const at::Tensor& src) const;
+  [[noreturn]] void fail(const Record& r) const;
+
+  std::vector<Record> records_;
+  std::unordered_map<const void*, std::size_t> by_data_;
+  std::string note_;
+  DeferredChecks* outer_;
 };
-
-/// Checks every record against its CRC-32, on two threads where the machine has two cores and
-/// the records hold 1 MiB or more; a mismatch is a loom::Error about `what` naming the first
-/// record (in order) that fails.
-void check_crcs(const std::vector<CrcRecord>& records, const std::string& what);
-
-}  // namespace detail
 
 }  // namespace loom::checkpoint

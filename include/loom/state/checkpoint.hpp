@@ -8,7 +8,8 @@
 //         rt.strategy().save_checkpoint(path, value, TorchFile)  who writes: dist/
 //   load  value = rt.strategy().load_checkpoint(path, TorchFile, rt.device().device())
 //           (the file mapped: checkpoint/mapped.hpp)
-//         entry.load(value[name], strict) for each entry; the rest is returned
+//         entry.load(value[name], strict) for each entry; the rest is returned once every
+//           record's CRC-32 is checked (DeferredChecks: the large ones as they are copied)
 #include <filesystem>
 #include <string>
 
@@ -80,10 +81,16 @@ struct checkpoint_files<State> {
   template <class R>
   static StateDict load(R& rt, const std::filesystem::path& path, const State& state, bool strict) {
     // Mapped: the model's and optimizer's tensors are copied from the file's pages into the
-    // memory they already hold (no fresh memory to touch); nothing mapped outlives the load.
+    // memory they already hold (no fresh memory to touch), the large records' CRC-32s checked
+    // as they are copied (each byte read once); nothing mapped outlives the load.
+    checkpoint::DeferredChecks checks(
+        "; found while loading it: what was loaded may hold part of it (load another "
+        "checkpoint)");
     const checkpoint::TorchFile file({}, {.map = true});
     const c10::IValue value = rt.strategy().load_checkpoint(path, file, rt.device().device());
-    return state::load_entries(state, value, path.string(), strict);
+    auto rest = state::load_entries(state, value, path.string(), strict);
+    checks.finish();
+    return rest;
   }
 };
 

@@ -61,7 +61,9 @@ using Copies = checkpoint::TensorCopies;
 /// it. Else `into`, the optimizer's own tensor for this state, is reused where it is all that:
 /// the copy into it is added to `copies` (made after every check) and `into` returned, so a
 /// load writes into memory the optimizer already holds. Anything else is copied into a new
-/// tensor, so no state tensor ever aliases another's or one still in use elsewhere.
+/// tensor at once (not through copy_all: streaming stores into pages never touched cost twice
+/// the memory traffic), so no state tensor ever aliases another's or one still in use
+/// elsewhere.
 inline at::Tensor like_param(const at::Tensor& t, const at::Tensor& p, std::string_view path,
                              bool adopt, const at::Tensor& into = {}, Copies* copies = nullptr) {
   if (t.sizes() != p.sizes()) {

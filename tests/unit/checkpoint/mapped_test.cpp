@@ -62,6 +62,24 @@ void each_tensor(const c10::IValue& v, const std::function<void(const at::Tensor
   }
 }
 
+/// Where the bytes of record `e` of the zip `bytes` start.
+std::size_t data_at(const std::string& bytes, const loom::checkpoint::detail::ZipEntry& e) {
+  return static_cast<std::size_t>(e.local_at + 30 +
+                                  loom::checkpoint::detail::u16(bytes, e.local_at + 26) +
+                                  loom::checkpoint::detail::u16(bytes, e.local_at + 28));
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::vector<loom::checkpoint::detail::ZipEntry> entries_of(const std::string& bytes) {
+  return loom::checkpoint::detail::zip_entries(
+      [&](uint64_t offset, std::size_t n) { return bytes.substr(offset, n); }, bytes.size(),
+      "test");
+}
+
 int mapped_count(const c10::IValue& v) {
   int n = 0;
   each_tensor(v, [&](const at::Tensor& t) { n += loom::checkpoint::is_mapped(t) ? 1 : 0; });
@@ -171,9 +189,8 @@ TEST_CASE("a mapped load refuses exactly the truncated and corrupted files a cop
   }
 }
 
-TEST_CASE("copy_all copies as Tensor::copy_ does, streaming the large plain ones",
-          "[checkpoint][mapped]") {
-  const auto src = at::linspace(-5, 5, 600000, at::kFloat);  // 2.4 MB: streamed
+TEST_CASE("copy_all copies as Tensor::copy_ does", "[checkpoint][mapped]") {
+  const auto src = at::linspace(-5, 5, 600000, at::kFloat);
   auto dst = at::zeros({600000});
   auto wider = at::zeros({600000}, at::kDouble);  // a cast: copy_
   auto strided = at::zeros({1000, 600}).t();      // not contiguous: copy_
@@ -189,7 +206,7 @@ TEST_CASE("copy_all copies as Tensor::copy_ does, streaming the large plain ones
   CHECK(small.equal(src.narrow(0, 3, 7)));
   // An odd offset into the destination (not 16-byte aligned) and an odd length.
   auto base = at::zeros({1500011}, at::kByte);
-  auto odd = base.narrow(0, 3, 1500007);  // 1.5 MB: streamed, from 3 bytes past an alignment
+  auto odd = base.narrow(0, 3, 1500007);  // from 3 bytes past an alignment
   const auto bytes = at::randint(0, 255, {1500007}, at::kByte);
   const auto big = at::randint(0, 255, {1 << 21}, at::kByte);
   auto big_dst = at::zeros({(1 << 21) + 5}, at::kByte).narrow(0, 5, 1 << 21);
@@ -198,6 +215,99 @@ TEST_CASE("copy_all copies as Tensor::copy_ does, streaming the large plain ones
   CHECK(base.narrow(0, 0, 3).eq(0).all().item<bool>());
   CHECK(base.narrow(0, 1500010, 1).eq(0).all().item<bool>());
   CHECK(big_dst.equal(big));
+}
+
+TEST_CASE("crc32_combine gives the CRC-32 of two pieces one after the other",
+          "[checkpoint][mapped]") {
+  namespace c = loom::checkpoint::detail;
+  const auto t = at::randint(0, 256, {(1 << 20) + 77}, at::kByte);
+  const auto* p = static_cast<const unsigned char*>(t.const_data_ptr());
+  const std::size_t n = static_cast<std::size_t>(t.numel());
+  const uint32_t whole = c::crc32(p, n);
+  for (const std::size_t cut :
+       {std::size_t{0}, std::size_t{1}, std::size_t{255}, std::size_t{262147}, n - 1, n}) {
+    INFO("cut at " << cut);
+    CHECK(c::crc32_combine(c::crc32(p, cut), c::crc32(p + cut, n - cut), n - cut) == whole);
+  }
+  // Many pieces, as copy_all combines them.
+  uint32_t crc = c::crc32(p, 1000);
+  for (std::size_t at = 1000; at < n; at += 262144) {
+    const std::size_t m = std::min<std::size_t>(262144, n - at);
+    crc = c::crc32_combine(crc, c::crc32(p + at, m), m);
+  }
+  CHECK(crc == whole);
+  CHECK(c::crc32_combine(0x12345678u, 0, 0) == 0x12345678u);
+}
+
+TEST_CASE("under a DeferredChecks copy_all checks a large record as it copies it, finish the rest",
+          "[checkpoint][mapped]") {
+  namespace ck = loom::checkpoint;
+  TempDir dir;
+  const auto file = dir.path / "d.pt";
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("w", at::linspace(-3, 3, 700001, at::kFloat));  // 2.8 MB: 11 pieces, the last short
+  d.insert("v", at::arange(400000, at::kInt));             // 1.6 MB
+  d.insert("s", at::arange(9, at::kLong));                 // small: checked at once
+  ck::save_value(file, d, {.sync = false});
+  const std::string good = read_file(file);
+  std::string w_name, v_name, s_name;
+  for (const auto& e : entries_of(good)) {  // which record is which, by size
+    if (e.size == 700001 * 4) w_name = e.name;
+    if (e.size == 400000 * 4) v_name = e.name;
+    if (e.size == 9 * 8) s_name = e.name;
+  }
+  REQUIRE_FALSE(w_name.empty());
+  REQUIRE_FALSE(v_name.empty());
+  REQUIRE_FALSE(s_name.empty());
+  auto flip = [&](const std::string& name, std::size_t at) {
+    auto bytes = good;
+    for (const auto& e : entries_of(good)) {
+      if (e.name == name) bytes[data_at(good, e) + at] ^= 0x10;
+    }
+    write(file, bytes);
+  };
+  auto w = at::zeros({700001});
+  auto v = at::zeros({400000}, at::kInt);
+  SECTION("a good file") {
+    ck::DeferredChecks checks(" (the note)");
+    REQUIRE(ck::DeferredChecks::current() == &checks);
+    const auto value = ck::load_value(file, std::nullopt, {.map = true});
+    ck::copy_all({{w, at_key(value, "w")}, {v, at_key(value, "v")}});
+    CHECK(w.equal(at_key(d, "w")));
+    CHECK(v.equal(at_key(d, "v")));
+    checks.finish();
+  }
+  SECTION("a corrupted record that is copied: copy_all names it, with the note") {
+    flip(w_name, 700001 * 4 - 3);  // in the last, short piece
+    ck::DeferredChecks checks(" (the note)");
+    const auto value = ck::load_value(file, std::nullopt, {.map = true});  // not checked yet
+    CHECK_THROWS_WITH(ck::copy_all({{v, at_key(value, "v")}, {w, at_key(value, "w")}}),
+                      Contains("the record " + w_name + " is corrupted") &&
+                          Contains("written with it) (the note)"));
+    CHECK(v.equal(at_key(d, "v")));  // every pair was copied first
+  }
+  SECTION("a corrupted record copied some other way: finish names it") {
+    flip(v_name, 12345);
+    ck::DeferredChecks checks;
+    const auto value = ck::load_value(file, std::nullopt, {.map = true});
+    ck::copy_all(
+        {{w, at_key(value, "w")}, {v.narrow(0, 0, 10), at_key(value, "v").narrow(0, 0, 10)}});
+    CHECK(w.equal(at_key(d, "w")));
+    CHECK_THROWS_WITH(checks.finish(), Contains("the record " + v_name + " is corrupted"));
+  }
+  SECTION("a corrupted small record is refused by the read itself") {
+    flip(s_name, 3);
+    ck::DeferredChecks checks;
+    CHECK_THROWS_WITH(ck::load_value(file, std::nullopt, {.map = true}),
+                      Contains("the record " + s_name + " is corrupted"));
+  }
+  SECTION("without one the read checks everything before it returns") {
+    flip(w_name, 0);
+    CHECK(ck::DeferredChecks::current() == nullptr);
+    CHECK_THROWS_WITH(ck::load_value(file, std::nullopt, {.map = true}),
+                      Contains("the record " + w_name + " is corrupted"));
+  }
+  CHECK(ck::DeferredChecks::current() == nullptr);  // each section's is gone
 }
 
 namespace {
@@ -290,38 +400,53 @@ TEST_CASE("rt.load copies into the memory the model and optimizer hold and keeps
   }
 }
 
-TEST_CASE("rt.load of a corrupted record leaves the model and optimizer as they were",
-          "[checkpoint][mapped]") {
+TEST_CASE(
+    "rt.load of a corrupted record says so, and a good checkpoint loaded after it restores all",
+    "[checkpoint][mapped]") {
   TempDir dir;
   const auto file = dir.path / "ck.pt";
+  const auto good_file = dir.path / "good.pt";
   Trained t;
   t.train(2);
   t.rt.save(file, {{"model", t.model}, {"optimizer", t.opt}});
+  t.rt.save(good_file, {{"model", t.model}, {"optimizer", t.opt}});
+  const auto saved = loom::checkpoint::load_value(good_file);
   t.train(1);
   std::vector<at::Tensor> before;
   for (const auto& x : t.tensors()) before.push_back(x.clone());
-  std::ifstream in(file, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  in.close();
-  const auto entries = loom::checkpoint::detail::zip_entries(
-      [&](uint64_t offset, std::size_t n) { return bytes.substr(offset, n); }, bytes.size(),
-      "test");
-  // The last large record: every other record, read and checked before it, is good.
-  const loom::checkpoint::detail::ZipEntry* last = nullptr;
+  const std::string bytes = read_file(file);
+  const auto entries = entries_of(bytes);
+  auto corrupt = [&](const loom::checkpoint::detail::ZipEntry& e) {
+    auto b = bytes;
+    b[data_at(bytes, e) + e.size / 2] ^= 0x08;
+    write(file, b);
+  };
+  // A small record (the last layer's bias) is checked as it is read: nothing changes.
+  const loom::checkpoint::detail::ZipEntry* small = nullptr;
+  const loom::checkpoint::detail::ZipEntry* large = nullptr;
   for (const auto& e : entries) {
-    if (e.size >= (1u << 20)) last = &e;
+    if (e.name.rfind("data/", 0) == 0 && e.size == 3 * 4 && small == nullptr) small = &e;
+    if (e.size >= (1u << 20)) large = &e;
   }
-  REQUIRE(last != nullptr);
-  const auto data_at = last->local_at + 30 +
-                       loom::checkpoint::detail::u16(bytes, last->local_at + 26) +
-                       loom::checkpoint::detail::u16(bytes, last->local_at + 28);
-  bytes[data_at + last->size / 2] ^= 0x08;
-  write(file, bytes);
+  REQUIRE(small != nullptr);
+  REQUIRE(large != nullptr);
+  corrupt(*small);
   CHECK_THROWS_WITH(t.rt.load(file, {{"model", t.model}, {"optimizer", t.opt}}),
-                    Contains("the record " + last->name + " is corrupted"));
+                    Contains("the record " + small->name + " is corrupted"));
   const auto after = t.tensors();
   for (std::size_t i = 0; i < after.size(); ++i) {
     INFO("tensor " << i);
     CHECK(after[i].equal(before[i]));
   }
+  // A large one is checked as it is copied: the error says the state may hold part of it.
+  corrupt(*large);
+  CHECK_THROWS_WITH(t.rt.load(file, {{"model", t.model}, {"optimizer", t.opt}}),
+                    Contains("the record " + large->name + " is corrupted") &&
+                        Contains("what was loaded may hold part of it (load another checkpoint)"));
+  // ... and loading a good checkpoint then restores every tensor.
+  (void)t.rt.load(good_file, {{"model", t.model}, {"optimizer", t.opt}});
+  CHECK(loom::testing::difference(loom::state::module_state(*t.model),
+                                  saved.toGenericDict().at("model")) == "");
+  CHECK(loom::testing::difference(loom::state::optimizer_state(t.opt),
+                                  saved.toGenericDict().at("optimizer")) == "");
 }

@@ -384,11 +384,12 @@ Against against(const char* task, Scaling s, const Trained& bf16, const Trained&
 
 }  // namespace
 
-TEST_CASE("fp8-mixed trains a small MLP as well as bf16-mixed", "[fp8][train]") {
+TEST_CASE("fp8-mixed trains a small MLP as well as bf16-mixed", "[fp8][train][.slow]") {
   // MLP 64-256-256-16 (GELU), a teacher plus noise of variance 0.04 (the loss's floor),
-  // 600 steps from the same weights on the same batches.
+  // 600 steps from the same weights on the same batches (bf16-mixed's run, seeded, made once
+  // for the three scalings).
   const int steps = 600;
-  const auto bf16 = train_mlp(loom::Bf16Mixed{}, steps, 256);
+  static const auto bf16 = train_mlp(loom::Bf16Mixed{}, steps, 256);
   const auto s = GENERATE(Scaling::Tensorwise, Scaling::Rowwise, Scaling::Delayed);
   const auto fp8 = train_mlp(loom::Fp8Mixed(recipe(s, 16)), steps, 256);
   const Against a = against("regression", s, bf16, fp8);
@@ -401,11 +402,11 @@ TEST_CASE("fp8-mixed trains a small MLP as well as bf16-mixed", "[fp8][train]") 
   CHECK(std::abs(a.training) <= 1.5);
 }
 
-TEST_CASE("fp8-mixed trains a small MLP classifier as well as bf16-mixed", "[fp8][train]") {
+TEST_CASE("fp8-mixed trains a small MLP classifier as well as bf16-mixed", "[fp8][train][.slow]") {
   // MLP 64-256-256-16 (GELU), cross-entropy on 16 noisy classes (the labels' entropy is the
-  // loss's floor), 600 steps from the same weights on the same batches.
+  // loss's floor), 600 steps from the same weights on the same batches (bf16-mixed's once).
   const int steps = 600;
-  const auto bf16 = train_mlp(loom::Bf16Mixed{}, steps, 256, Task::Classification);
+  static const auto bf16 = train_mlp(loom::Bf16Mixed{}, steps, 256, Task::Classification);
   const auto s = GENERATE(Scaling::Tensorwise, Scaling::Rowwise, Scaling::Delayed);
   const auto fp8 = train_mlp(loom::Fp8Mixed(recipe(s, 16)), steps, 256, Task::Classification);
   const Against a = against("classifier", s, bf16, fp8);

@@ -1,0 +1,28 @@
+"""Starts the processes of the parity tests (ddp_parity.py, zero_parity.py) under torchrun."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def torchrun(cmd, nproc, what, attempts=1, test="dist"):
+    """Runs `cmd` under `torchrun --standalone` with `nproc` workers (0: `cmd` alone), one
+    thread each and no rank variables inherited, and returns its standard output. A failure
+    prints the end of its output and runs it again, `attempts` times in all; the last one
+    ends the test with "TEST: WHAT failed with exit N"."""
+    exe = Path(sys.executable).with_name("torchrun")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    if nproc > 0:
+        cmd = [str(exe), "--standalone", f"--nproc-per-node={nproc}", *cmd]
+    for attempt in range(1, attempts + 1):
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        if r.returncode == 0:
+            return r.stdout
+        sys.stderr.write(r.stdout[-3000:] + r.stderr[-3000:])
+        if attempt < attempts:
+            print(f"{test}: {what} failed with exit {r.returncode} "
+                  f"(attempt {attempt} of {attempts}); running it again")
+    raise SystemExit(f"{test}: {what} failed with exit {r.returncode}")
