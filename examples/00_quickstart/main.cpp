@@ -22,7 +22,8 @@
 // GradScaler, the lr schedule, the sampler's position, the step) to DIR/step-N.pt every
 // --checkpoint-every steps, atomically, keeping the newest --keep (loom::Checkpoints), and the
 // final state to DIR/final.pt. A run started on a DIR that holds a checkpoint resumes from the
-// newest one that loads, mid-epoch included: the same bits as a run that never stopped.
+// newest one that reads whole, mid-epoch included: the same bits as a run that never stopped
+// (a DIR written under other settings, another --precision, is an error that changes nothing).
 // --async-save writes the periodic checkpoints in a background thread (loom::Checkpoints'
 // {.async = true}). SIGTERM, SIGINT or SIGUSR1 (a scheduler's preemption, Ctrl-C) saves the
 // step reached and
@@ -201,7 +202,7 @@ double train_and_evaluate(RT& rt, const Options& o) {
   std::optional<loom::Checkpoints> ckpt;
   if (!o.checkpoints.dir.empty()) {
     ckpt.emplace(o.checkpoints.dir, loom::CheckpointsOptions{.keep_last = o.checkpoints.keep});
-    if (auto resumed = ckpt->resume(rt, state)) {  // the newest checkpoint that loads
+    if (auto resumed = ckpt->resume(rt, state)) {  // the newest checkpoint that reads
       std::printf("resumed from %s at step %lld\n", ckpt->path(*resumed).string().c_str(),
                   static_cast<long long>(step));
     }

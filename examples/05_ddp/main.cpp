@@ -117,7 +117,7 @@ Outcome train_and_evaluate(RT& rt, const Options& o) {
   std::optional<loom::Checkpoints> ckpt;
   if (!o.checkpoints.dir.empty()) {
     ckpt.emplace(o.checkpoints.dir, loom::CheckpointsOptions{.keep_last = o.checkpoints.keep});
-    if (auto resumed = ckpt->resume(rt, state)) {  // every rank reads the newest that loads
+    if (auto resumed = ckpt->resume(rt, state)) {  // every rank reads the newest checkpoint
       loom::dist::rank_zero_print(s, "resumed from " + ckpt->path(*resumed).string() + " at step " +
                                          std::to_string(step) + " (restart " +
                                          std::to_string(s.environment().restart_count) + ")");

@@ -323,8 +323,10 @@ class Runtime {
   /// module a missing or unexpected key or a mismatched shape, is a loom::Error naming the
   /// key; without it, missing names and keys are warned about and skipped. Model and
   /// optimizer states load under any precision (cast to the parameters' dtypes); the
-  /// precision's own state only under its own precision. Every rank calls it and reads the
-  /// file. Needs <loom/state/checkpoint.hpp> (included by <loom/loom.hpp>).
+  /// precision's own state only under its own precision. A file that cannot be read whole
+  /// throws loom::CheckpointUnreadable; one that reads but does not fit `state` or this
+  /// runtime, loom::CheckpointMismatch (both loom::Error, error.hpp). Every rank calls it and
+  /// reads the file. Needs <loom/state/checkpoint.hpp> (included by <loom/loom.hpp>).
   template <class S = State>
   StateDict load(const std::filesystem::path& path,
                  const S& state,  // loom::State: #include <loom/state/checkpoint.hpp>

@@ -69,10 +69,11 @@ inline constexpr std::size_t kCheckAsideBytes = std::size_t{1} << 20;
 
 /// The error for record `name` of `what` whose bytes do not match the CRC-32 written with it;
 /// `note` ends the message.
-inline Error corrupted_record(const std::string& what, const std::string& name,
-                              const std::string& note = {}) {
-  return Error("loom::checkpoint: " + what + ": the record " + name +
-               " is corrupted (its CRC-32 does not match the one written with it)" + note);
+inline CheckpointUnreadable corrupted_record(const std::string& what, const std::string& name,
+                                             const std::string& note = {}) {
+  return CheckpointUnreadable("loom::checkpoint: " + what + ": the record " + name +
+                              " is corrupted (its CRC-32 does not match the one written with it)" +
+                              note);
 }
 
 /// Which implementation crc32() is: "libdeflate 1.14", "zlib 1.2.13" or "loom slicing-by-8".

@@ -10,6 +10,8 @@
 //           (the file mapped: checkpoint/mapped.hpp)
 //         entry.load(value[name], strict) for each entry; the rest is returned once every
 //           record's CRC-32 is checked (DeferredChecks: the large ones as they are copied)
+//   errors: reading the file fails with loom::CheckpointUnreadable, applying what it holds
+//           with loom::CheckpointMismatch (error.hpp)
 #include <filesystem>
 #include <string>
 
@@ -87,8 +89,30 @@ struct checkpoint_files<State> {
         "; found while loading it: what was loaded may hold part of it (load another "
         "checkpoint)");
     const checkpoint::TorchFile file({}, {.map = true});
-    const c10::IValue value = rt.strategy().load_checkpoint(path, file, rt.device().device());
-    auto rest = state::load_entries(state, value, path.string(), strict);
+    // Reading the file: every loom::Error is the file's (CheckpointUnreadable); then applying
+    // it: every loom::Error but a large record's CRC found while copying is the run's
+    // (CheckpointMismatch). Errors of another type (a collective that failed) pass as they are.
+    c10::IValue value;
+    try {
+      value = rt.strategy().load_checkpoint(path, file, rt.device().device());
+    } catch (const CheckpointUnreadable&) {
+      throw;
+    } catch (const CheckpointMismatch&) {
+      throw;
+    } catch (const Error& e) {
+      throw CheckpointUnreadable(e.what());
+    }
+    StateDict rest;
+    try {
+      rest = state::load_entries(state, value, path.string(), strict);
+    } catch (const CheckpointUnreadable&) {
+      throw;
+    } catch (const CheckpointMismatch&) {
+      throw;
+    } catch (const Error& e) {
+      throw CheckpointMismatch("loom::load: " + path.string() +
+                               " does not fit this run: " + e.what());
+    }
     checks.finish();
     return rest;
   }

@@ -170,14 +170,24 @@ class Checkpoints {
   /// True between an asynchronous save and the wait that follows it.
   bool pending() const { return pending_.has_value(); }
 
-  /// Restores `state` from the newest checkpoint that loads whole and returns its step, or
-  /// nothing when the directory holds none (a fresh run). A newest file that does not load
-  /// (truncated, corrupted, another model) is skipped with a warning naming it and the
-  /// reason, falling back to the one before; when none loads, the last reason is a
-  /// loom::Error. Every rank calls it (each reads the file).
+  /// Restores `state` from the newest checkpoint that reads whole and returns its step, or
+  /// nothing when the directory holds none (a fresh run). Every rank calls it (each reads the
+  /// file). What it does with each kind of failure (docs/checkpoints.md has the table):
+  /// - a file that cannot be read whole (loom::CheckpointUnreadable: truncated, corrupted, a
+  ///   shard missing) is moved aside to FILE.unreadable, never deleted, with a warning naming
+  ///   both and the reason, and the checkpoint before it is tried; when none reads, the last
+  ///   reason is a loom::CheckpointUnreadable;
+  /// - a file that reads but does not fit this run (loom::CheckpointMismatch: another
+  ///   precision's state, another world size, other shapes, keys missing or left over) stops
+  ///   the resume with a CheckpointMismatch naming the file, what differs and the remedy:
+  ///   nothing in the directory is changed, and no older checkpoint is tried (training on
+  ///   from one would overwrite and prune the newer ones).
+  /// Before it reads, the writing rank removes what a save killed while writing left behind
+  /// (.step-N.pt.tmp.PID files).
   template <class Runtime>
   std::optional<std::int64_t> resume(Runtime& rt, const State& state) {
     wait(rt);
+    if (rt.strategy().is_global_zero()) remove_leftovers();
     auto candidates = steps();
     if (auto named = latest();
         named && std::find(candidates.begin(), candidates.end(), *named) == candidates.end()) {
@@ -189,15 +199,25 @@ class Checkpoints {
       try {
         rt.load(path(*it), state);
         return *it;
-      } catch (const Error& e) {
+      } catch (const CheckpointMismatch& e) {
+        throw CheckpointMismatch(
+            std::string(e.what()) + ". loom::Checkpoints::resume stopped: nothing in " +
+            dir_.string() +
+            " was changed and no older checkpoint was tried. Run with the settings this "
+            "directory was written with, or give this run a directory of its own (or move " +
+            path(*it).filename().string() + " away if it belongs to another run)");
+      } catch (const CheckpointUnreadable& e) {
         last_error = e.what();
-        TORCH_WARN("loom::Checkpoints: skipping ", path(*it).string(), ", which does not load (",
-                   e.what(), "); trying the one before");
+        const std::string aside = set_aside(rt, *it);
+        TORCH_WARN("loom::Checkpoints: ", path(*it).string(), " does not read (", e.what(), "); ",
+                   aside, "; trying the checkpoint before it");
       }
     }
     if (!candidates.empty()) {
-      throw Error("loom::Checkpoints: no checkpoint in " + dir_.string() +
-                  " loads; the oldest failed with: " + last_error);
+      throw CheckpointUnreadable("loom::Checkpoints: no checkpoint in " + dir_.string() +
+                                 " reads whole (each was moved aside to *.unreadable); the "
+                                 "oldest failed with: " +
+                                 last_error);
     }
     return std::nullopt;
   }
@@ -214,6 +234,48 @@ class Checkpoints {
     auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
     if (ec != std::errc() || end != digits.data() + digits.size() || step < 0) return std::nullopt;
     return step;
+  }
+
+  /// Moves `step`'s unreadable file (and its shard files) aside to NAME.unreadable on the
+  /// writing rank, after every rank has tried to read it; says where it went.
+  template <class Runtime>
+  std::string set_aside(Runtime& rt, std::int64_t step) const {
+    rt.strategy().barrier();  // every rank is done with the file before it moves
+    const auto file = path(step);
+    const auto aside = file.string() + ".unreadable";
+    if (!rt.strategy().is_global_zero()) return "rank 0 moves it to " + aside;
+    std::error_code ec;
+    std::filesystem::rename(file, aside, ec);
+    if (ec) return "moving it to " + aside + " failed (" + ec.message() + "); it stays";
+    for (const auto& [shard, tag] : checkpoint::shard_files(file)) {
+      std::filesystem::rename(shard, shard.string() + ".unreadable", ec);
+    }
+    return "moved it to " + aside;
+  }
+
+  /// Removes the temporary files of saves killed while writing (checkpoint/io.hpp writes
+  /// .NAME.tmp.PID beside NAME, then renames it): .step-N.pt.tmp.PID and the shard files'
+  /// .step-N.TAG.shard-R-of-W.pt.tmp.PID.
+  void remove_leftovers() const {
+    std::error_code ec;
+    std::vector<std::filesystem::path> leftovers;
+    for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
+      const std::string name = e.path().filename().string();
+      const auto tmp = name.rfind(".tmp.");
+      if (name.size() < 2 || name[0] != '.' || tmp == std::string::npos) continue;
+      const std::string target = name.substr(1, tmp - 1);
+      const std::string pid = name.substr(tmp + 5);
+      if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+      const bool step_file = step_of(target).has_value();
+      const bool shard_file = target.rfind("step-", 0) == 0 &&
+                              target.find(".shard-") != std::string::npos && target.size() > 3 &&
+                              target.substr(target.size() - 3) == ".pt";
+      if (step_file || shard_file) leftovers.push_back(e.path());
+    }
+    for (const auto& f : leftovers) {
+      std::filesystem::remove(f, ec);
+      if (!ec) TORCH_WARN("loom::Checkpoints: removed ", f.string(), ", left by a killed save");
+    }
   }
 
   /// After `step`'s file is written, on the rank that wrote it: `latest`, then pruning.

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,20 @@ struct TempDir {
   }
   ~TempDir() { fs::remove_all(path); }
 };
+
+std::string read_all(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// Every file of `dir` with its bytes.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    files[e.path().filename().string()] = read_all(e.path());
+  }
+  return files;
+}
 
 /// The model's weight after `step` steps of this toy run: its value names the step.
 void set_step(torch::nn::Linear& model, std::int64_t step) {
@@ -90,28 +106,100 @@ TEST_CASE("Checkpoints keeps the last K and every M-th, points latest at the new
   CHECK(ckpt.resume(rt, state) == 5);
   CHECK(model->weight.eq(5).all().item<bool>());
 
-  SECTION("a truncated newest checkpoint is skipped with a warning naming it") {
+  SECTION("a truncated newest checkpoint is moved aside with a warning naming it") {
     const auto newest = dir / "step-5.pt";
     fs::resize_file(newest, fs::file_size(newest) / 2);
+    const auto truncated = read_all(newest);
     set_step(model, -1);
     loom::testing::WarningCatcher warnings;
     CHECK(ckpt.resume(rt, state) == 4);
     CHECK(model->weight.eq(4).all().item<bool>());
     REQUIRE(warnings.messages.size() == 1);
-    CHECK_THAT(warnings.messages[0], Contains("skipping") && Contains("step-5.pt"));
+    CHECK_THAT(warnings.messages[0],
+               Contains("step-5.pt does not read") &&
+                   Contains("moved it to " + newest.string() + ".unreadable"));
+    CHECK_FALSE(fs::exists(newest));
+    CHECK(read_all(dir / "step-5.pt.unreadable") == truncated);  // kept, byte for byte
+    // Saving on from step 4 never touches it; pruning never counts it.
+    set_step(model, 5);
+    ckpt.save(rt, 5, state, {.sync = false});
+    ckpt.save(rt, 6, state, {.sync = false});
+    CHECK(read_all(dir / "step-5.pt.unreadable") == truncated);
+    CHECK(ckpt.steps() == std::vector<std::int64_t>{2, 4, 5, 6});
   }
-  SECTION("when no checkpoint loads, the error says so") {
+  SECTION("when no checkpoint reads, the error says so; every file is kept aside") {
     for (auto s : ckpt.steps()) std::ofstream(ckpt.path(s), std::ios::trunc) << "not a zip";
     loom::testing::WarningCatcher warnings;
-    CHECK_THROWS_WITH(ckpt.resume(rt, state),
-                      Contains("no checkpoint in") && Contains("loads; the oldest failed with"));
+    std::string what;
+    try {
+      ckpt.resume(rt, state);
+    } catch (const loom::CheckpointUnreadable& e) {
+      what = e.what();
+    }
+    CHECK_THAT(what, Contains("no checkpoint in " + dir.string() + " reads whole") &&
+                         Contains("the oldest failed with"));
     CHECK(warnings.messages.size() == 3);
+    for (std::int64_t s : {2, 4, 5}) {
+      CHECK(read_all(fs::path(ckpt.path(s).string() + ".unreadable")) == "not a zip");
+    }
+    CHECK(ckpt.steps().empty());
   }
-  SECTION("files that are not step-<N>.pt are ignored") {
+  SECTION("files that are not step-<N>.pt are ignored; a killed save's are removed on resume") {
     std::ofstream(dir / ".step-9.pt.tmp.123") << "a killed save";
+    std::ofstream(dir / ".step-9.00ab.shard-1-of-2.pt.tmp.77") << "a killed shard save";
+    std::ofstream(dir / ".step-9.pt.tmp.x") << "not a pid: not loom's";
     std::ofstream(dir / "step-x.pt") << "not a step";
     CHECK(ckpt.steps() == std::vector<std::int64_t>{2, 4, 5});
+    loom::testing::WarningCatcher warnings;
+    CHECK(ckpt.resume(rt, state) == 5);
+    CHECK_FALSE(fs::exists(dir / ".step-9.pt.tmp.123"));
+    CHECK_FALSE(fs::exists(dir / ".step-9.00ab.shard-1-of-2.pt.tmp.77"));
+    CHECK(fs::exists(dir / ".step-9.pt.tmp.x"));
+    CHECK(fs::exists(dir / "step-x.pt"));
+    CHECK(warnings.messages.size() == 2);
   }
+}
+
+TEST_CASE("A checkpoint that reads but does not fit the run stops the resume, changing nothing",
+          "[checkpoint][directory]") {
+  TempDir tmp;
+  const auto dir = tmp.path / "run";
+  loom::Checkpoints ckpt(dir, {.keep_last = 5});
+  {
+    ToyRun run;  // Linear(3, 2)
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      set_step(run.model, step);
+      ckpt.save(run.rt, step, run.state, {.sync = false});
+    }
+  }
+  // An older file of another run (Linear(3, 4)) that would load: never a reason to fall back.
+  {
+    loom::Runtime<loom::Cpu, loom::Fp32> rt;
+    torch::nn::Linear model{3, 4};
+    torch::optim::SGD opt{model->parameters(), 0.1};
+    rt.setup(model, opt);
+    rt.save(dir / "step-0.pt", {{"model", model}, {"optimizer", opt}, {"runtime", rt}});
+  }
+  const auto before = snapshot(dir);
+
+  loom::Runtime<loom::Cpu, loom::Fp32> rt;
+  torch::nn::Linear model{3, 4};  // the shapes differ from the newest checkpoints'
+  torch::optim::SGD opt{model->parameters(), 0.1};
+  rt.setup(model, opt);
+  const loom::State state{{"model", model}, {"optimizer", opt}, {"runtime", rt}};
+  loom::testing::WarningCatcher warnings;
+  std::string what;
+  try {
+    ckpt.resume(rt, state);
+  } catch (const loom::CheckpointMismatch& e) {
+    what = e.what();
+  }
+  CHECK_THAT(what, Contains((dir / "step-3.pt").string() + " does not fit this run"));
+  CHECK_THAT(what, Contains("'weight' has shape [2, 3] in the checkpoint and [4, 3]"));
+  CHECK_THAT(what, Contains("nothing in " + dir.string() + " was changed"));
+  CHECK_THAT(what, Contains("give this run a directory of its own"));
+  CHECK(warnings.messages.empty());
+  CHECK(snapshot(dir) == before);  // byte for byte
 }
 
 TEST_CASE("A sharded checkpoint loads whole under any strategy, and a missing shard is named",
