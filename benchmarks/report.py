@@ -1,12 +1,26 @@
 #!/usr/bin/env python3
 """Writes docs/benchmarks.md and docs/benchmarks/benchmarks.png from the raw JSON that
-scripts/run_benchmarks.sh leaves in docs/benchmarks/. Missing parts are reported as such."""
+scripts/run_benchmarks.sh leaves in docs/benchmarks/. Missing parts are reported as such.
+
+Each part names the machine, date and load of its own results: the "provenance" object of its
+JSON ({"machine", "date", "load", optionally "commit"}; a Google Benchmark file's "context"
+gives the date and load). What a JSON does not hold is printed as "not recorded"; nothing on
+the page is taken from the machine that runs this script, which may not be the one that
+measured. Called by scripts/run_benchmarks.sh (--seconds > 0), it first gives each result
+file that run wrote (modified in the last --seconds seconds) and that has no provenance yet
+this machine's CPU model, the file's time and the load that docs/benchmarks/load.txt recorded
+for its part. A part's run-specific remarks belong in its JSON's "note".
+
+    python3 benchmarks/report.py --raw docs/benchmarks --out docs/benchmarks.md [--no-plot]
+"""
 import argparse
 import datetime
 import json
 import os
 import platform
+import re
 import subprocess
+import time
 
 
 def load(raw, name):
@@ -32,12 +46,95 @@ def ok(flag):
     return "met" if flag else "**missed**"
 
 
+# The line of docs/benchmarks/load.txt that scripts/run_benchmarks.sh writes before each part.
+LOAD_LINE = {
+    "overhead_callgrind.json": "before", "overhead_wall.json": "overhead wall run",
+    "hook_dispatch.json": "overhead wall run", "fabric_vs_loom.json": "fabric run",
+    "optim_vs_fabric.json": "optim run", "compile_time.json": "compile-time run",
+    "ddp_vs_python.json": "ddp run", "raw_vs_loom.json": "raw run",
+    "contention.json": "contention run",
+}
+
+
+def stamp_new(raw, seconds):
+    """Gives the result files of the run that just ended (modified in the last `seconds`) and
+    without a "provenance" this machine's CPU, the file's time and its part's load."""
+    loads = {}
+    p = os.path.join(raw, "load.txt")
+    for line in (open(p).read().splitlines() if os.path.exists(p) else []):
+        label, _, rest = line.partition(":")
+        m = re.search(r"load average: ([0-9.]+)", rest)
+        if m:
+            loads[label.strip()] = m.group(1)
+    since = time.time() - seconds - 60
+    for name in sorted(os.listdir(raw)):
+        path = os.path.join(raw, name)
+        if not name.endswith(".json") or os.path.getmtime(path) < since:
+            continue
+        doc = json.load(open(path))
+        if not isinstance(doc, dict) or "provenance" in doc:
+            continue
+        prov = {"machine": f"{cpu_model()}, nproc {os.cpu_count()}"}
+        if "context" not in doc:  # Google Benchmark's context has the date and load
+            prov["date"] = datetime.datetime.fromtimestamp(os.path.getmtime(path)).strftime(
+                "%Y-%m-%d %H:%M")
+            prov["load"] = loads.get(LOAD_LINE.get(name, ""), "not recorded")
+        if name == "overhead_callgrind.json":
+            prov["valgrind"] = sh("valgrind --version") or "not recorded"
+        with open(path, "w") as f:
+            json.dump({"provenance": prov, **doc}, f, indent=1)
+
+
+def provenance(doc):
+    """The machine, date and load recorded with a part's results, as a sentence."""
+    prov = dict((doc or {}).get("provenance") or {})
+    ctx = (doc or {}).get("context") or {}  # Google Benchmark's own record
+    if "date" not in prov and ctx.get("date"):
+        prov["date"] = ctx["date"][:16].replace("T", " ")
+    if "load" not in prov and ctx.get("load_avg"):
+        prov["load"] = f"{ctx['load_avg'][0]:.2f}"
+    machine = prov.get("machine", "machine not recorded")
+    date = prov.get("date", "date not recorded")
+    load = prov.get("load", "not recorded")
+    text = f"Measured {date} on {machine}; load average {load}"
+    if prov.get("commit"):
+        text += f"; results recorded in commit {prov['commit']}"
+    return text + "."
+
+
+def profile_figures(text):
+    """From optim_profile.md: per section (precision, ATen share of the profiled step, the
+    ceiling, the share of mm + addmm in the ATen time)."""
+    out = []
+    for sec in text.split("#### ")[1:]:
+        head = sec.splitlines()[0]
+        step = re.search(r"\(([0-9.]+) us profiled\).*?summed\): ([0-9.]+) us", sec)
+        ceil = re.search(r"the ATen time: ([0-9.]+)x", sec)
+        total = re.search(r"\| all \d+ kinds \| \d+ \| ([0-9.]+) \|", sec)
+        gemm = sum(float(v) for v in re.findall(r"\| `aten::(?:mm|addmm)` \| \d+ \| ([0-9.]+) \|", sec))
+        if not (step and ceil and total):
+            continue
+        out.append({"precision": head.split(",")[1].strip(),
+                    "aten_share": float(step.group(2)) / float(step.group(1)),
+                    "ceiling": float(ceil.group(1)),
+                    "gemm_share": gemm / float(total.group(1))})
+    return out
+
+
+def span(values, fmt):
+    lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--raw", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seconds", type=int, default=0)
+    ap.add_argument("--no-plot", action="store_true", help="write the page only")
     a = ap.parse_args()
+    if a.seconds > 0:
+        stamp_new(a.raw, a.seconds)
     cg = load(a.raw, "overhead_callgrind.json")
     wall = load(a.raw, "overhead_wall.json")
     hooks = load(a.raw, "hook_dispatch.json")
@@ -61,40 +158,58 @@ def main():
             kept5 = old[start5:end5].rstrip() + "\n"
     loadtxt = open(os.path.join(a.raw, "load.txt")).read().strip() if os.path.exists(
         os.path.join(a.raw, "load.txt")) else "not recorded"
-    import torch
+    docs = [cg, wall, hooks, fab, ct, ddp, ovf, raw_eager, contention] + [d for _, d in extra]
+    provs = [d["provenance"] for d in docs if d and d.get("provenance")]
+    machines = sorted({p["machine"] for p in provs if p.get("machine")})
+    dates = sorted(p["date"][:10] for p in provs if p.get("date"))
 
     L = []
     w = L.append
     w("# Benchmarks")
     w("")
-    w("Written by `scripts/run_benchmarks.sh` (" +
-      datetime.datetime.now().strftime("%Y-%m-%d %H:%M") +
-      f", {a.seconds} s). Raw results: `docs/benchmarks/*.json`; plot: "
-      "`docs/benchmarks/benchmarks.png`. Nothing here is part of the test suite.")
+    w("Written by `benchmarks/report.py` from the raw results in `docs/benchmarks/` (`*.json`, "
+      "`optim_profile.md`, `load.txt`); `scripts/run_benchmarks.sh` measures the parts and then "
+      "runs it, and a part it skips keeps its earlier results" +
+      (f" (its last run took {a.seconds} s)" if a.seconds > 0 else "") +
+      ". So the parts need not come from one machine or one day: each names the machine, date "
+      "and load recorded with its results. Plot: `docs/benchmarks/benchmarks.png`. Nothing here "
+      "is part of the test suite.")
     w("")
-    w("## Machine")
+    w("## Machines")
     w("")
-    w(f"- CPU: {cpu_model()}, `nproc` = {os.cpu_count()}")
-    w(f"- compiler: {sh('g++ --version | head -1')}; build type Release (-O3), plus -g for the "
-      "overhead binary")
-    w(f"- torch {torch.__version__} (LibTorch from the same wheel)"
-      + (f"; lightning {fab['lightning']}" if fab else "")
-      + f"; {sh('valgrind --version')}")
-    w("- load (`uptime`) while the parts ran:")
+    if machines:
+        w(f"- machines named by the parts' results: {'; '.join(machines)}" +
+          (f"; dates from {dates[0]} to {dates[-1]}" if dates else ""))
+    w("- compiler: " + (f"{ct['compiler']} (part 4's record)" if ct and ct.get("compiler")
+                        else "not recorded") +
+      "; build type Release (-O3), plus -g for the overhead binary")
+    torches = sorted({d["torch"] for d in docs if d and d.get("torch")})
+    w("- torch " + (", ".join(torches) if torches else "not recorded") +
+      " (LibTorch from the same wheel)" +
+      (f"; lightning {fab['lightning']}" if fab and fab.get("lightning") else ""))
+    w("- load (`uptime`) at each step of the last `scripts/run_benchmarks.sh` run "
+      "(`docs/benchmarks/load.txt`; it covers the parts that run measured):")
     w("")
     w("```")
     w(loadtxt)
     w("```")
     w("")
-    w("The machine has 2 cores and was shared with other builds when these figures were taken "
-      "whenever the load average above exceeds 2: wall-time figures taken then are noisy, and "
-      "the tables say so. Instruction counts (callgrind) and compiler CPU time do not depend on "
-      "the load.")
+    w("A load average above the machine's core count makes wall-time figures noisy; "
+      "instruction counts (callgrind) and GCC's allocated memory do not depend on the load.")
     w("")
 
     # 1. overhead
     w("## 1. Overhead against hand-written LibTorch")
     w("")
+    if cg or wall:
+        same = cg and wall and provenance(cg) == provenance(wall)
+        if same or not wall:
+            w(provenance(cg))
+        elif not cg:
+            w(provenance(wall))
+        else:
+            w(f"Instruction counts: {provenance(cg)} Times: {provenance(wall)}")
+        w("")
     w("`benchmarks/overhead/overhead.cpp`: one training step of an MLP (" +
       ((cg or wall or {}).get("model", "?")) + ", fixed seed, 8 fixed batches, one torch "
       "thread), written three ways: *hand* (plain LibTorch: `.to` casts for -true; "
@@ -106,7 +221,9 @@ def main():
       "model and end with bit-identical parameters (last column).")
     w("")
     if cg:
-        w("Instructions per step (callgrind, " + str(cg["results"][0]["steps"]) +
+        vg = (cg.get("provenance") or {}).get("valgrind")
+        w("Instructions per step (callgrind" + (f" of {vg}" if vg else "") + ", " +
+          str(cg["results"][0]["steps"]) +
           " steps after 5 warm-up steps, counted from `CALLGRIND_ZERO_STATS` to "
           "`CALLGRIND_DUMP_STATS_AT` around the steps only). Target: loom/hand <= 1.005.")
         w("")
@@ -119,8 +236,11 @@ def main():
               f"{ok(r['loom_over_hand'] <= 1.005)} | {r['virtual_over_hand']:.4f} | "
               f"{r['max_abs_diff_loom_hand']:g} |")
         w("")
-        w("Run to run, the same binary's counts move by about ±0.2% (allocator state, lazily built "
-          "caches), which is why some ratios are below 1. The functions whose own instruction "
+        lowest = min(r["loom_over_hand"] for r in cg["results"])
+        w((f"The lowest ratio here is {lowest:.4f}: the same binary's counts move a little from "
+           "run to run (allocator state, lazily built caches), so a ratio can fall below 1. "
+           if lowest < 1 else "") +
+          "The functions whose own instruction "
           "count differs most between the loom and hand profiles, per step (positive: loom "
           "executes more), are listed below; they are inlining differences (the same ATen "
           "calls attributed to a loom frame instead of the caller) rather than extra work:")
@@ -160,7 +280,11 @@ def main():
     w("## 2. Static against virtual dispatch")
     w("")
     if hooks:
-        w("`benchmarks/overhead/hook_dispatch.cpp` (Google Benchmark, median of 3 repetitions): "
+        w(provenance(hooks))
+        w("")
+        reps = sorted({b.get("repetitions") for b in hooks["benchmarks"] if b.get("repetitions")})
+        w("`benchmarks/overhead/hook_dispatch.cpp` (Google Benchmark, median of "
+          f"{'/'.join(map(str, reps)) or '?'} repetitions): "
           "one hook call through `loom::Runtime`'s policy (static, inlined) and through a "
           "`PrecisionPlugin*` made by an out-of-line factory (virtual). A virtual "
           "`forward_context` has to return a heap-allocated scope object.")
@@ -195,6 +319,8 @@ def main():
     w("## 3. loom against Lightning Fabric")
     w("")
     if fab:
+        w(provenance(fab))
+        w("")
         w(f"`benchmarks/fabric/fabric_vs_loom.py`: the same MLP, initial weights and batches "
           f"(written by the python side as raw files, read by `loom_fabric_train`), "
           f"{fab['optimizer']}, {fab['loss']}, the same step count; Fabric(accelerator=\"cpu\", "
@@ -205,7 +331,13 @@ def main():
         w("")
         for title, doc in [("", fab)] + [(n, d) for n, d in extra]:
             if title:
-                w(f"Also `docs/benchmarks/{title}`: torch threads = {doc['threads']} on both sides.")
+                mine, base = doc.get("provenance") or {}, fab.get("provenance") or {}
+                other = [k for k in ("machine", "date") if mine.get(k) != base.get(k)]
+                w(f"Also `docs/benchmarks/{title}`: torch threads = {doc['threads']} on both "
+                  f"sides. {provenance(doc)}" +
+                  (f" Not the run of the table above: another {' and '.join(other)}."
+                   if other else "") +
+                  (f" Note: {doc['note']}." if doc.get("note") else ""))
                 w("")
             w("| size | layers, batch | precision | loom steps/s | Fabric steps/s | loom/Fabric | "
               "target | max abs param diff |")
@@ -217,15 +349,9 @@ def main():
                   f"{r['precision']} | {r['loom_best']:.1f} | {r['fabric_best']:.1f} | "
                   f"{r['speedup']:.2f} | {t} | {r['max_abs_param_diff']:.3g} |")
             w("")
-        w("Known issue, seen in the run recorded here (load average about 4 on 2 cores): with 2 "
-          "torch threads the C++ side of the *medium* size fell to a few steps/s while the python "
-          "side did not (`loom_fabric_train` alone on the same data: 256 steps/s with 1 thread, "
-          "4 steps/s with 2). Part 9 measures the cause: OpenMP workers waiting at every parallel "
-          "region's barrier for a thread the scheduler gave to another process. Python's side "
-          "suffers it as much under a controlled load (loom stays 1.09-1.22x Python there), and "
-          "one thread avoids it. The 1-thread table is the comparison to trust on a loaded "
-          "machine; rerun on an idle one.")
-        w("")
+        if fab.get("note"):
+            w(f"Note: {fab['note']}.")
+            w("")
         w("The final parameters are compared after the same number of steps from the same "
           "weights. Both sides run the same ATen kernels in the same order (Fabric's "
           "`convert_input`, autocast scope and `convert_output` are what loom's policies do), so "
@@ -241,6 +367,8 @@ def main():
     w("## 4. Compile time")
     w("")
     if ct:
+        w(provenance(ct) + (f" Note: {ct['note']}." if ct.get("note") else ""))
+        w("")
         ggc = "ratio_ggc" in ct
         w(f"`benchmarks/compile_time/loom_tu.cpp` instantiates `Runtime` for {ct['pairs']} "
           f"runtimes ({' and '.join(ct['devices'])} x the 7 precisions, and "
@@ -275,9 +403,11 @@ def main():
             total = sum(r["cpu_s"] for r in core.values())
             w(f"| all | | {total:.2f} | |")
             w("")
-            w("The training TU costs less than the hand-written one: the hand-written TU carries "
-              "its own fp8 autograd function and loss-scaling code, which loom's TU takes from "
-              "the library. A project with one training TU pays the core once more on a clean "
+            w(("The training TU costs less than the hand-written one: the hand-written TU "
+               "carries its own fp8 autograd function and loss-scaling code, which loom's TU "
+               "takes from the library. " if ct["ratio_cpu"] < 1 and ct.get("ratio_ggc", 0) < 1
+               else "") +
+              "A project with one training TU pays the core once more on a clean "
               f"build (about {total:.0f} s of CPU here); every rebuild of a training TU after "
               "that saves the difference.")
             w("")
@@ -300,9 +430,11 @@ def main():
     w("## 6. What DDP costs: loom::Ddp and Python DDP")
     w("")
     if ddp:
+        w(provenance(ddp))
+        w("")
         pinned = (f", each rank pinned to half of the {ddp['cores']} cores" if ddp.get("pinned")
                   else "")
-        w(f"`benchmarks/ddp/ddp_vs_python.py`: {ddp['ranks']} ranks on this machine, "
+        w(f"`benchmarks/ddp/ddp_vs_python.py`: {ddp['ranks']} ranks on one machine, "
           f"{ddp['backend']}, CPU, {ddp['threads_per_rank']} compute thread per rank{pinned}, "
           "both started by torchrun; the MLPs of part 3, SGD with momentum; ms per step of rank "
           f"0 between two barriers, best of interleaved runs of every variant "
@@ -372,6 +504,8 @@ def main():
     w("## 7. loom::optim against Fabric's optimizers")
     w("")
     if ovf:
+        w(provenance(ovf))
+        w("")
         w("`benchmarks/fabric/optim_vs_fabric.py`: the MLPs, weights and batches of part 3; "
           "loom (`loom_fabric_train --optimizer sgd|adam`: `loom::optim::SGD` / `Adam`, one "
           "fused kernel per step) against Fabric with the optimizer's default (on the CPU the "
@@ -397,9 +531,10 @@ def main():
               f"{r['fabric_fused_best']:.1f} | {r['vs_fused']:.2f} | {target} | "
               f"{r['max_abs_param_diff_vs_fused']:.3g} |")
         w("")
-        w("Large bf16-mixed is left out: on this CPU (no native bf16) one run of its 14 steps "
-          "takes minutes, and both sides run the same bf16 GEMMs (part 5).")
-        w("")
+        if not any(r["size"] == "large" and r["precision"] == "bf16-mixed" for r in ovf["rows"]):
+            w("Large bf16-mixed is not in this run" + (" (see the note)." if ovf.get("note")
+                                                       else "."))
+            w("")
         if ovf.get("note"):
             w(f"Note: {ovf['note']}.")
             w("")
@@ -414,20 +549,37 @@ def main():
               "Profiled times run long (the profiler's own cost per op); the ratios between "
               "them are what to read.")
             w("")
-            w(open(prof).read().strip())
+            text = open(prof).read().strip()
+            w(text)
             w("")
-            w("Reading it: in 32-true about 40% of Fabric's step is ATen work that loom does "
-              "too, so on tiny models the ratio can only reach ~2.4-2.7x against any Python loop "
-              "of the same ops; Adam's default single-tensor loop adds ops that loom's one "
-              "`_fused_adam_` call does not have, which is why Adam clears 3x in 32-true and SGD "
-              "(whose default loop is cheap) does not. In bf16-mixed the bf16 GEMMs (`mm`, `addmm`: "
-              "~45% of the ATen time on a CPU without native bf16) and autocast's casts "
-              "(`_to_copy`, `copy_`) are the same work in both, and they grow the part loom "
-              "cannot remove. What would move the ceiling is fewer ATen ops per step than "
-              "Python's loop (a fused linear+activation backward, CUDA graphs on a GPU), not "
-              "less loom code: loom's own cost is zero (part 1). Large with 2 threads below 1x "
-              "is OpenMP's waiting under load, measured in part 9 (one thread: >= 1.02x).")
-            w("")
+            fig = profile_figures(text)
+            f32 = [f for f in fig if f["precision"] == "32-true"]
+            bf16 = [f for f in fig if f["precision"] == "bf16-mixed"]
+            tiny32 = [r for r in ovf["rows"] if r["size"] == "tiny" and r["precision"] == "32-true"]
+            adam_only = (any(r["optimizer"] == "adam" for r in tiny32) and
+                         all((r["vs_default"] >= 3) == (r["optimizer"] == "adam") for r in tiny32))
+            reading = []
+            if f32:
+                reading.append(
+                    f"in 32-true {span([100 * f['aten_share'] for f in f32], '{:.0f}')}% of "
+                    "Fabric's profiled step is ATen work that loom does too, so on tiny models "
+                    f"the ratio can only reach about {span([f['ceiling'] for f in f32], '{:.1f}')}x "
+                    "against any Python loop of the same ops; Adam's default single-tensor loop "
+                    "adds ops that loom's one `_fused_adam_` call does not have" +
+                    (", which is why Adam clears 3x against Fabric's default in 32-true and SGD "
+                     "(whose default loop is cheap) does not" if adam_only else "") + ".")
+            if bf16:
+                reading.append(
+                    "In bf16-mixed the bf16 GEMMs (`mm`, `addmm`: "
+                    f"{span([100 * f['gemm_share'] for f in bf16], '{:.0f}')}% of the ATen time "
+                    "here) and autocast's casts (`_to_copy`, `copy_`) are the same work in both, "
+                    "and they grow the part loom cannot remove.")
+            if reading:
+                w("Reading it: " + " ".join(reading) + " What would move the ceiling is fewer "
+                  "ATen ops per step than Python's loop (a fused linear+activation backward; "
+                  "CUDA graphs on a GPU, not yet run on one), not less loom code: loom's own "
+                  "cost is zero (part 1).")
+                w("")
     else:
         w("Not run (`docs/benchmarks/optim_vs_fabric.json` is missing).")
         w("")
@@ -436,12 +588,15 @@ def main():
     w("## 8. loom against raw PyTorch and torch.compile")
     w("")
     if raw_eager:
+        w(provenance(raw_eager))
+        w("")
         w("`benchmarks/fabric/raw_vs_loom.py`: the MLPs, weights and batches of part 3, against "
           "the strongest Python baselines: raw PyTorch eager with the fused optimizer (no "
           "Fabric) and a `torch.compile`d step (forward + loss + backward compiled, and "
           "`torch.compile(opt.step)`); compile time is the wall time of the compiled side's "
-          "warm-up steps. On CUDA (the GPU check) also loom through `loom::cuda::GraphedStep` "
-          "and Python's `torch.cuda.graph` capture. Sides interleaved, best of the reps; "
+          "warm-up steps. On CUDA (the GPU check, which no GPU has run yet) also loom through "
+          "`loom::cuda::GraphedStep` and Python's `torch.cuda.graph` capture. Sides "
+          "interleaved, best of the reps; "
           f"torch threads {raw_eager['threads']}, device {raw_eager['device']}. Targets: loom "
           ">= 2.3x eager on tiny, >= 1.0x compiled at every size.")
         w("")
@@ -474,6 +629,8 @@ def main():
     w("## 9. Threads under contention")
     w("")
     if contention:
+        w(provenance(contention))
+        w("")
         w("`benchmarks/threads/contention.py`: the medium MLP (fused SGD, 32-true), loom "
           "against raw PyTorch, torch threads 1 and 2, on a quiet machine and with busy "
           "processes beside it, with OpenMP's default wait policy and with "
@@ -519,10 +676,12 @@ def main():
     w("```")
     w("")
     w("On a GPU machine: `scripts/gpu-fabric-check.sh` (Fabric against loom in bf16-mixed and "
-      "16-mixed on CUDA; needs lightning installed beforehand).")
+      "16-mixed on CUDA; needs lightning installed beforehand). No GPU has run it yet.")
     w("")
     w("![benchmarks](benchmarks/benchmarks.png)")
     open(a.out, "w").write("\n".join(L) + "\n")
+    if a.no_plot:
+        return
 
     # The plot.
     import matplotlib
@@ -555,7 +714,7 @@ def main():
         ax[1].legend(fontsize=8)
     if ct:
         ax[2].bar(["loom", "hand"], [ct["best"]["loom"]["cpu_s"], ct["best"]["hand"]["cpu_s"]])
-        ax[2].set_ylabel("g++ CPU s, best of 3")
+        ax[2].set_ylabel(f"g++ CPU s, best of {len(ct['runs']['loom'])}")
         ax[2].set_title(f"compile time, {ct['pairs']} pairs: x{ct['ratio_cpu']:.3f}")
     if ddp:
         labels = [f"{r['size']}\n{r['precision']}" for r in ddp["rows"]]

@@ -1,11 +1,68 @@
 # Test helpers for loom's own build (not installed).
 
+include("${CMAKE_CURRENT_LIST_DIR}/LoomFailDirectives.cmake")
+set(LOOM_RUN_TEST "${CMAKE_CURRENT_LIST_DIR}/LoomRunTest.cmake")
+
+# A test that prints this marker (anywhere in its output) is counted by ctest as skipped, not
+# passed: a check that cannot run here says so (loom_add_test and the Catch tests set it).
+set(LOOM_SKIP_MARKER "LOOM-SKIPPED: ")
+
+# loom_add_test(NAME <name> [PASS <regex>] [FAILS] [REJECT <regex>] COMMAND <command> [args...])
+#   A test whose output must match PASS and whose exit status must be 0 (ctest alone ignores
+#   the status of a test with a pass regex): the command runs under cmake/LoomRunTest.cmake,
+#   which checks the status. FAILS: the command must exit non-zero, as a refused input does;
+#   PASS is then the error message it must print (required: a failure for the wrong reason
+#   must not pass). REJECT: output that fails the test even when PASS matched. A first
+#   command word that names a target becomes its file, as with add_test. A regex writes a ';'
+#   as [;] (a bare one would split it into two regexes, either of which would pass).
+function(loom_add_test)
+  cmake_parse_arguments(T "FAILS" "NAME;PASS;REJECT" "COMMAND" ${ARGN})
+  if(NOT T_NAME OR NOT T_COMMAND)
+    message(FATAL_ERROR "loom_add_test: NAME and COMMAND are required")
+  endif()
+  if(T_FAILS AND NOT T_PASS)
+    message(FATAL_ERROR "loom_add_test(${T_NAME}): FAILS needs PASS, the message it must print")
+  endif()
+  list(GET T_COMMAND 0 first)
+  if(TARGET "${first}")
+    list(REMOVE_AT T_COMMAND 0)
+    list(PREPEND T_COMMAND "$<TARGET_FILE:${first}>")
+  endif()
+  set(exit zero)
+  if(T_FAILS)
+    set(exit nonzero)
+  endif()
+  add_test(NAME ${T_NAME}
+           COMMAND ${CMAKE_COMMAND} -DLOOM_TEST_EXIT=${exit} -P ${LOOM_RUN_TEST} -- ${T_COMMAND})
+  set(fail "loom-test: FAILED")
+  if(T_REJECT)
+    list(APPEND fail "${T_REJECT}")
+  endif()
+  set_tests_properties(${T_NAME} PROPERTIES FAIL_REGULAR_EXPRESSION "${fail}"
+                                            SKIP_REGULAR_EXPRESSION "${LOOM_SKIP_MARKER}")
+  if(T_PASS)
+    set_tests_properties(${T_NAME} PROPERTIES PASS_REGULAR_EXPRESSION "${T_PASS}")
+  endif()
+endfunction()
+
+# loom_skipped_group(<group> <reason>): a group of tests this configuration cannot register
+# (what it needs was not found) shows in ctest as the skipped test skipped.<group>, its reason
+# in the output. scripts/test.sh fails on one: scripts/deps.sh installs what every group needs.
+function(loom_skipped_group group reason)
+  add_test(NAME skipped.${group} COMMAND ${CMAKE_COMMAND} -E echo "${LOOM_SKIP_MARKER}${reason}")
+  set_tests_properties(skipped.${group} PROPERTIES LABELS skipped
+                       SKIP_REGULAR_EXPRESSION "${LOOM_SKIP_MARKER}")
+  message(STATUS "loom: tests ${group} not registered: ${reason}")
+endfunction()
+
 # loom_add_compile_fail_test(<file.fail.cpp>)
 #   The file holds one `// expect-error: <regex>` line. Built with LOOM_FAIL defined it must
 #   fail with output matching <regex> (a loom message, never compiler wording); built without,
 #   it must compile: that twin is part of the normal build. An optional
 #   `// reject-error: <regex>` line names output that must not appear (a cascade of further
-#   errors after the one that explains the mistake). Files may include "support/...".
+#   errors after the one that explains the mistake). Each directive is a line of its own
+#   (.clang-format never wraps them); one that is not stops the configure
+#   (cmake/LoomFailDirectives.cmake). Files may include "support/...".
 #   The LOOM_FAIL builds run at test time, where the compiler cache cannot help (a failed
 #   compile is never cached): they reuse one precompiled header of the LibTorch headers that
 #   loom includes (target loom_cf_pch, part of the normal build), so each parses only loom.
@@ -32,14 +89,9 @@ endfunction()
 
 function(loom_add_compile_fail_test file)
   get_filename_component(name "${file}" NAME_WE)
-  file(STRINGS "${file}" expect REGEX "^// expect-error: ")
-  list(LENGTH expect n)
-  if(NOT n EQUAL 1)
-    message(FATAL_ERROR "${file}: needs exactly one '// expect-error: <regex>' line")
-  endif()
-  string(REGEX REPLACE "^// expect-error: " "" regex "${expect}")
-  file(STRINGS "${file}" reject REGEX "^// reject-error: ")
-  string(REGEX REPLACE "^// reject-error: " "" reject_regex "${reject}")
+  loom_read_fail_directives("${file}" regex reject_regex)
+  string(REPLACE ";" "[;]" regex "${regex}")
+  string(REPLACE ";" "[;]" reject_regex "${reject_regex}")
 
   add_library(loom_cf_${name}_twin OBJECT "${file}")
   target_link_libraries(loom_cf_${name}_twin PRIVATE loom::loom loom_warnings)
@@ -51,15 +103,11 @@ function(loom_add_compile_fail_test file)
   target_compile_definitions(loom_cf_${name} PRIVATE LOOM_FAIL)
   loom_compile_fail_pch()
   target_precompile_headers(loom_cf_${name} REUSE_FROM loom_cf_pch)
-  add_test(NAME compile_fail.${name}
-           COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target loom_cf_${name})
+  loom_add_test(NAME compile_fail.${name} FAILS PASS "${regex}" REJECT "${reject_regex}"
+    COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target loom_cf_${name})
   set_tests_properties(compile_fail.${name} PROPERTIES
-    PASS_REGULAR_EXPRESSION "${regex}"
     LABELS compile_fail
     RESOURCE_LOCK loom_build_tree)
-  if(reject_regex)
-    set_tests_properties(compile_fail.${name} PROPERTIES FAIL_REGULAR_EXPRESSION "${reject_regex}")
-  endif()
 endfunction()
 
 # loom_add_header_tests(<target> <include-dir>)

@@ -6,7 +6,9 @@
 #                libdeflate (checkpoint CRC-32s), Protobuf (TensorBoard event files).
 #   Python:      a virtual environment with the pinned torch wheel, outside the repository,
 #                at $LOOM_VENV (default $LOOM_HOME/torch-<version>, LOOM_HOME=$HOME/.cache/loom),
-#                and the pinned tensorboard, which the logger tests read event files with.
+#                and the pinned tensorboard, which the logger tests read event files with, and
+#                matplotlib, which scripts/plot_metrics.py draws with (test
+#                example.quickstart.metrics.plot).
 # Prints the virtual environment's path on its last line.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -50,11 +52,16 @@ if [ "$have" != "$want" ]; then
 else
   log "torch $have present in $LOOM_VENV"
 fi
-tb=$("$LOOM_VENV/bin/python" -c 'import tensorboard, sys; sys.stdout.write(tensorboard.__version__)' \
-       2>/dev/null || true)
-if [ "$tb" != "$LOOM_TENSORBOARD_VERSION" ]; then
-  log "installing tensorboard==$LOOM_TENSORBOARD_VERSION into $LOOM_VENV (the logger tests' reader)"
-  "$LOOM_VENV/bin/python" -m pip install -q --disable-pip-version-check \
-    "tensorboard==$LOOM_TENSORBOARD_VERSION"
-fi
+# pinned <module> <version> <why>: pip-installs <module>==<version> unless that version is there.
+pinned() {
+  local have
+  have=$("$LOOM_VENV/bin/python" -c "import $1, sys; sys.stdout.write($1.__version__)" \
+           2>/dev/null || true)
+  if [ "$have" != "$2" ]; then
+    log "installing $1==$2 into $LOOM_VENV ($3)"
+    "$LOOM_VENV/bin/python" -m pip install -q --disable-pip-version-check "$1==$2"
+  fi
+}
+pinned tensorboard "$LOOM_TENSORBOARD_VERSION" "the logger tests' reader"
+pinned matplotlib "$LOOM_MATPLOTLIB_VERSION" "the metrics plot and its test"
 echo "$LOOM_VENV"

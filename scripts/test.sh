@@ -58,6 +58,33 @@ suite() {
   counts=$(grep -Eo '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$dir/ctest.log" |
              tail -n 1 || true)
   summary+=("$name: ctest $result${counts:+ ($counts)} in $((SECONDS - t0)) s")
+  count_tests "$name" "$dir" "$exclude" "$@"
+}
+
+# count_tests <name> <build-dir> <labels left out> [ctest args]: prints how many tests are
+# registered, how many this run selected, and which it skipped (ctest's "(Skipped)": a check
+# that could not run here, LOOM_SKIP_MARKER in cmake/LoomTesting.cmake). A missing test group
+# (a skipped test skipped.<group>: what it needs was not found) fails the run: scripts/deps.sh,
+# which this script ran, installs what every group needs.
+count_tests() {
+  local name=$1 dir=$2 exclude=$3
+  shift 3
+  local registered selected skipped groups
+  registered=$(ctest --test-dir "$dir" -N 2>/dev/null | sed -n 's/^Total Tests: //p')
+  selected=$(ctest --test-dir "$dir" -N -LE "$exclude" "$@" 2>/dev/null |
+               sed -n 's/^Total Tests: //p')
+  skipped=$(sed -n 's/^[[:space:]]*[0-9]* - \([^ ]*\) (Skipped)$/\1/p' "$dir/ctest.log" | sort -u)
+  groups=$(grep '^skipped\.' <<<"$skipped" || true)
+  local line="$name: ${registered:-?} tests registered, ${selected:-?} run (labels $exclude left"
+  line+=" out), $(grep -c . <<<"$skipped" || true) skipped${skipped:+: $(echo $skipped)}"
+  if [ -n "$groups" ]; then
+    line+="; test groups MISSING: $(echo $groups) (see their output)"
+    status=1
+  else
+    line+="; every test group registered"
+  fi
+  echo "[loom] $line" >&2
+  summary+=("$line")
 }
 
 suite gcc "${LOOM_GCC:-g++-12}" "$LOOM_BUILD_DIR" gpu "$@"

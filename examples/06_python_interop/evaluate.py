@@ -3,7 +3,8 @@ torch.load (weights_only=True, no allowlist, no loom code), loads the weights in
 torch.nn.Sequential and evaluates it on Fashion-MNIST's test set.
 
 Usage: python evaluate.py CHECKPOINT DATA_DIR     (DATA_DIR: the unpacked IDX files)
-Exits 1 unless the accuracy is the one the C++ side measured, image for image.
+Exits 1 unless Python predicts, for every test image, the class the C++ side predicted (the
+checkpoint's test_predictions, in the file's order), and so counts the same correct ones.
 """
 
 import sys
@@ -29,14 +30,30 @@ def main(checkpoint, data):
     images = idx(f"{data}/t10k-images-idx3-ubyte", 16).view(-1, 1, 28, 28).float() / 255
     labels = idx(f"{data}/t10k-labels-idx1-ubyte", 8).long()
     images = (images - 0.2860) / 0.3530  # what the C++ side's Normalize did
-    correct = 0
     with torch.no_grad():
-        for i in range(0, len(labels), 1000):
-            correct += int((model(images[i:i + 1000]).argmax(1) == labels[i:i + 1000]).sum())
+        predicted = torch.cat([model(images[i:i + 1000]).argmax(1)
+                               for i in range(0, len(labels), 1000)])
+    correct = int((predicted == labels).sum())
     accuracy = correct / len(labels)
-    same = correct == ck["test_correct"]
+    theirs = ck["test_predictions"]  # the class C++ predicted for each image, in file order
+    if theirs.shape != predicted.shape:
+        print(f"Python: C++ saved {tuple(theirs.shape)} predictions for {len(labels)} test images")
+        return 1
+    theirs_correct = int((theirs == labels).sum())
+    if theirs_correct != ck["test_correct"]:
+        print(f"Python: C++'s saved predictions get {theirs_correct} images right, but it says "
+              f"test_correct {ck['test_correct']}")
+        return 1
+    same = torch.equal(predicted, theirs) and correct == ck["test_correct"]
+    if not same:
+        differ = int((predicted != theirs).sum())
+        print(f"Python: {differ} of {len(labels)} test images predicted differently from C++ "
+              f"(first at {(predicted != theirs).nonzero()[:5].flatten().tolist()}); "
+              f"{correct} correct here, {ck['test_correct']} in C++")
     print(f"Python: test accuracy {100 * accuracy:.2f}% ({correct} of {len(labels)}); C++ measured "
-          f"{100 * ck['test_accuracy']:.2f}%: {'the same' if same else 'DIFFERENT'}")
+          f"{100 * ck['test_accuracy']:.2f}%, and predicted the same class for "
+          f"{int((predicted == theirs).sum())} of {len(labels)} images: "
+          f"{'the same' if same else 'DIFFERENT'}")
     return 0 if same else 1
 
 

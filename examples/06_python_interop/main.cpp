@@ -5,17 +5,20 @@
 //
 // The C++ side trains an MLP on Fashion-MNIST with loom's fused Adam, measures its test
 // accuracy, and writes one checkpoint with rt.save: the model's state_dict, the optimizer in
-// Python's layout, the runtime's state, and two plain numbers. The file is a torch.save file:
-// evaluate.py opens it with torch.load(path) (weights_only=True, no allowlist, nothing from
-// loom), loads the weights into the same torch.nn.Sequential and gets the same test accuracy.
+// Python's layout, the runtime's state, two plain numbers and the class it predicted for each
+// test image, in the file's order (an int64 tensor). The file is a torch.save file: evaluate.py
+// opens it with torch.load(path) (weights_only=True, no allowlist, nothing from loom), loads the
+// weights into the same torch.nn.Sequential and predicts the same class for every test image.
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include <torch/data/dataloader.h>
 #include <torch/data/datasets/map.h>
 #include <torch/data/datasets/mnist.h>
+#include <torch/data/samplers/sequential.h>
 #include <torch/data/transforms/stack.h>
 #include <torch/data/transforms/tensor.h>
 #include <torch/nn/functional/loss.h>
@@ -73,22 +76,28 @@ int main(int argc, char** argv) {
 
     model->eval();
     int64_t correct = 0, total = 0;
+    std::vector<torch::Tensor> predicted;
     {
       torch::NoGradGuard no_grad;
-      auto test = torch::data::make_data_loader(dataset(data, Mode::kTest),
-                                                torch::data::DataLoaderOptions(1000));
+      // In the file's order, so that evaluate.py compares its predictions image for image.
+      auto test = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
+          dataset(data, Mode::kTest), torch::data::DataLoaderOptions(1000));
       for (auto& batch : rt.dataloader(*test)) {
-        correct += rt.forward(model, batch.data).argmax(1).eq(batch.target).sum().item<int64_t>();
+        auto classes = rt.forward(model, batch.data).argmax(1);
+        correct += classes.eq(batch.target).sum().item<int64_t>();
         total += batch.data.size(0);
+        predicted.push_back(classes.to(torch::kCPU, torch::kInt64));
       }
     }
     double accuracy = static_cast<double>(correct) / static_cast<double>(total);
+    torch::Tensor predictions = torch::cat(predicted);
     rt.save(out, {{"model", model},
                   {"optimizer", opt},
                   {"runtime", rt},
                   {"step", step},
                   {"test_correct", correct},
-                  {"test_accuracy", accuracy}});
+                  {"test_accuracy", accuracy},
+                  {"test_predictions", predictions}});
     std::printf("C++: %lld steps, test accuracy %.2f%% (%lld of %lld); saved %s\n",
                 static_cast<long long>(step), 100 * accuracy, static_cast<long long>(correct),
                 static_cast<long long>(total), out.c_str());

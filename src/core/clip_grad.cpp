@@ -1,10 +1,12 @@
 // Gradient clipping by total norm, Python's `clip_grad_norm_(foreach=True)` arithmetic, with
 // no host sync: the norm stays a tensor and the gradients are scaled on their device.
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/native/ForeachUtils.h>
 
 #include <loom/detail/clip_grad.hpp>
 
@@ -12,19 +14,18 @@ namespace loom::detail {
 
 namespace {
 
-/// `tensors` split by (device, dtype), groups in first-seen order, each in the given order.
+/// `tensors` split by (device, dtype) by ATen's own grouping, the one Python's
+/// `_group_tensors_by_device_and_dtype` calls: its groups come in that map's order, not in
+/// first-seen order, and the norms are stacked in it (with several dtypes another order can
+/// round the total norm differently). Each group keeps the given order.
 std::vector<std::vector<at::Tensor>> by_device_and_dtype(const std::vector<at::Tensor>& tensors) {
+  const std::vector<std::optional<at::Tensor>> list(tensors.begin(), tensors.end());
   std::vector<std::vector<at::Tensor>> groups;
-  for (const auto& t : tensors) {
-    std::vector<at::Tensor>* group = nullptr;
-    for (auto& g : groups) {
-      if (g.front().device() == t.device() && g.front().scalar_type() == t.scalar_type()) {
-        group = &g;
-        break;
-      }
-    }
-    if (group == nullptr) group = &groups.emplace_back();
-    group->push_back(t);
+  for (const auto& [key, value] :
+       at::native::_group_tensors_by_first_tensors_device_and_dtype({list}, false)) {
+    auto& group = groups.emplace_back();
+    group.reserve(value.first[0].size());
+    for (const auto& t : value.first[0]) group.push_back(*t);
   }
   return groups;
 }

@@ -6,7 +6,8 @@ final state (DIR/final.pt) of a run that never stopped, tensor for tensor.
 
 Runs the example uninterrupted, then again (its periodic saves in the background,
 --async-save) with one worker SIGKILLed once the checkpoint of a
-random one of steps 20, 40, 60 is on disk; compares the two final.pt files with stock torch.load. Every process has a
+random one of steps 20, 40, 60 is on disk; compares the two final.pt files with stock torch.load.
+The random choices' seed is printed; LOOM_TEST_SEED=<seed> repeats them. Every process has a
 deadline and is killed with its session if it outlives it.
 """
 
@@ -25,7 +26,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "dist")]
 from run_dist import TORCHRUN, base_env, kill  # noqa: E402
-from same_state import same  # noqa: E402
+from same_state import same, test_seed  # noqa: E402
 
 DEADLINE = 300
 
@@ -94,8 +95,11 @@ def main():
         agent = launch(common + ["--checkpoint-dir", str(tmp / "straight")], log)
         finish(agent, set(), tmp / "straight.log", a.bin)
 
-    rng = random.Random(os.environ.get("LOOM_ELASTIC_SEED", str(time.time_ns())))
+    seed = test_seed("example elastic")
+    rng = random.Random(seed)
     at = a.every * rng.randrange(1, 4)  # killed once this step's checkpoint is written
+    print(f"example elastic: a worker is SIGKILLed once step-{at}.pt is written (seed {seed})",
+          flush=True)
     d = tmp / "killed"
     t0 = time.monotonic()
     with open(tmp / "killed.log", "w+b") as log:
@@ -112,10 +116,13 @@ def main():
             time.sleep(0.001)
         workers.update(children(agent.pid, a.bin))
         victim = rng.choice(sorted(workers))
+        print(f"example elastic: SIGKILL to worker pid {victim} (of {sorted(workers)}) after "
+              f"{first.name} (seed {seed})", flush=True)
         os.kill(victim, signal.SIGKILL)
         text = finish(agent, workers, tmp / "killed.log", a.bin)
     if "resumed from" not in text or "(restart 1)" not in text:
-        raise AssertionError(f"the restarted ranks did not resume:\n{text[-4000:]}")
+        raise AssertionError(f"the restarted ranks did not resume (killed after {first.name}, "
+                             f"seed {seed}):\n{text[-4000:]}")
     resumed = text.split("resumed from ", 1)[1].split("\n", 1)[0]
     same(torch.load(tmp / "straight" / "final.pt"), torch.load(d / "final.pt"), "example ddp")
     print(f"example elastic: ok (a worker SIGKILLed once {first.name} was written; torchrun "

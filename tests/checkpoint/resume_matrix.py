@@ -8,14 +8,18 @@ the same bits as a run that never stopped.
   python resume_matrix.py --bin loom_resume --tmp DIR elastic    torchrun restarts after SIGKILL
   python resume_matrix.py --bin loom_resume --tmp DIR orphan     torchrun's agent SIGKILLed
   python resume_matrix.py --bin loom_resume --tmp DIR async      background saves: a write that
-                                                                fails, a full disk, SIGKILL
+                                                                fails, SIGKILL
+  python resume_matrix.py --bin loom_resume --tmp DIR full_disk  rank 0 on a full tmpfs (needs
+                                                                unshare -rm; else LOOM-SKIPPED)
 
 For each case loom_resume (tests/checkpoint/resume.cpp) trains STEPS steps straight, and
 separately K steps, saves, then in a new process (seeded differently) loads and trains the
 rest. Both write their whole final state (model, optimizer, the runtime's RNG and GradScaler
 states, the LR scheduler, the sampler, the step); this script opens both with stock
 torch.load and compares every tensor bitwise and every other value exactly. Every process has
-a deadline; a process that outlives it is killed with its process group.
+a deadline; a process that outlives it is killed with its process group. The elastic case's
+kill is random: its seed is printed, and LOOM_TEST_SEED=<seed> repeats it. A case that cannot run
+here prints "LOOM-SKIPPED: <reason>" and exits 0 (ctest counts it as skipped).
 """
 
 import argparse
@@ -34,7 +38,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "dist")]
 from run_dist import TORCHRUN, base_env, free_port, kill  # noqa: E402
-from same_state import same  # noqa: E402
+from same_state import check, same, test_seed  # noqa: E402
 
 STEPS, K = 20, 7
 PRECISIONS = ["32-true", "64-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed"]
@@ -80,19 +84,23 @@ def resume_case(bin_, tmp, precision, optimizer, world=1):
     resumed = torch.load(f"{stem}.resumed.pt")
     same(straight, resumed, f"{precision}/{optimizer}/{world} rank(s)")
     ranks = len(straight["runtime"]["device"])
-    assert ranks == world, ranks
-    assert straight["step"] == STEPS and straight["runtime"]["precision"] == precision
+    check(ranks == world, f"the state holds {ranks} rank(s)' RNG states, want {world}")
+    check(straight["step"] == STEPS, f"step {straight['step']!r}, want {STEPS}")
+    check(straight["runtime"]["precision"] == precision,
+          f"precision {straight['runtime']['precision']!r}, want {precision!r}")
     scaler_state = straight["runtime"]["precision_state"]
     if precision == "16-mixed":  # Python's GradScaler takes the five keys as they are
         scaler = torch.amp.GradScaler("cpu")
         scaler.load_state_dict(scaler_state)
-        assert scaler.get_scale() == scaler_state["scale"], scaler_state
-        assert scaler.state_dict() == scaler_state, (scaler.state_dict(), scaler_state)
+        check(scaler.get_scale() == scaler_state["scale"],
+              f"GradScaler scale {scaler.get_scale()!r} != saved {scaler_state['scale']!r}")
+        check(scaler.state_dict() == scaler_state,
+              f"GradScaler state {scaler.state_dict()!r} != saved {scaler_state!r}")
     else:
-        assert scaler_state == {}, scaler_state
+        check(scaler_state == {}, f"precision_state {scaler_state!r}, want {{}} for {precision}")
     if world > 1:  # each rank's own RNG stream (seeded seed + rank), both kept
         rng = [d["torch"] for d in straight["runtime"]["device"]]
-        assert not torch.equal(rng[0], rng[1]), "the ranks' CPU generators should differ"
+        check(not torch.equal(rng[0], rng[1]), "the ranks' CPU generators should differ")
     print(f"resume {precision:>10} {optimizer:>10} {world} rank(s): {STEPS} straight == "
           f"{K} + save + load in a new process + {STEPS - K}, bitwise "
           f"(sampler epoch {straight['sampler']['epoch']}, scaler "
@@ -142,8 +150,9 @@ def sigkill(bin_, tmp):
         landed += mid_write
         ck = torch.load(path)  # the last complete checkpoint, whole
         big = ck["big"]
-        assert torch.equal(big, torch.full_like(big, big[0].item())), "a mixed checkpoint"
-        assert ck["step"] == K
+        if not torch.equal(big, torch.full_like(big, big[0].item())):
+            raise AssertionError(f"a mixed checkpoint: big holds {big.unique()[:8].tolist()}...")
+        check(ck["step"] == K, f"the checkpoint's step {ck['step']!r}, want {K}")
         run(bin_, ["precision=32-true", "optimizer=adam", f"steps={STEPS}", f"resume={path}",
                    "big_mb=48", f"out={tmp / f'kill{attempt}.resumed.pt'}"])
         print(f"sigkill {attempt}: killed {'mid-write' if mid_write else 'between writes'}; "
@@ -250,17 +259,21 @@ def preempt(bin_, tmp):
         os.kill(procs[1].pid, signal.SIGTERM)
         codes = lines.finish()
         stopped = re.findall(r"rank (\d) stopped by signal 15 after saving step (\d+)", lines.text)
-        assert codes == [143, 143], (codes, lines.text[-3000:])
-        assert len(stopped) == 2 and stopped[0][1] == stopped[1][1], stopped
+        check(codes == [143, 143], f"exit codes {codes}, want [143, 143]:\n{lines.text[-3000:]}")
+        check(len(stopped) == 2 and stopped[0][1] == stopped[1][1],
+              f"want both ranks stopped after saving the same step, got {stopped}")
         s = int(stopped[0][1])
-        assert 13 <= s < steps and (d / f"step-{s}.pt").exists(), (s, os.listdir(d))
-        assert (d / "latest").read_text().strip() == f"step-{s}.pt"
+        check(13 <= s < steps and (d / f"step-{s}.pt").exists(),
+              f"saved step {s}, want 13 <= step < {steps} and its file: {os.listdir(d)}")
+        latest = (d / "latest").read_text().strip()
+        check(latest == f"step-{s}.pt", f"latest names {latest!r}, want 'step-{s}.pt'")
         t_stop = time.monotonic() - t0
         procs = hand_ranks(bin_, args, 2, free_port())
         lines = Lines(procs, DEADLINE)
         codes = lines.finish()
-        assert codes == [0, 0], (codes, lines.text[-3000:])
-        assert lines.text.count(f"resumed from step {s}") == 2, lines.text[-3000:]
+        check(codes == [0, 0], f"exit codes {codes}, want [0, 0]:\n{lines.text[-3000:]}")
+        n = lines.text.count(f"resumed from step {s}")
+        check(n == 2, f"{n} rank(s) say 'resumed from step {s}', want 2:\n{lines.text[-3000:]}")
         same(torch.load(straight_run(bin_, tmp, precision, steps)), torch.load(out),
              f"preempt {precision}")
         print(f"preempt {precision}: SIGTERM to rank 1 at step 13; both ranks saved step {s} "
@@ -279,13 +292,16 @@ def elastic(bin_, tmp):
     they resume from the newest checkpoint and finish with the bits of a run that never
     stopped (parameters, optimizer state, GradScaler state, RNG, sampler, scheduler)."""
     steps = 30
-    rng = random.Random(os.environ.get("LOOM_ELASTIC_SEED", str(time.time_ns())))
+    seed = test_seed("elastic")
+    rng = random.Random(seed)
     for precision in ["32-true", "16-mixed"]:
         d = tmp / f"elastic_{precision}"
         shutil.rmtree(d, ignore_errors=True)
         out = tmp / f"elastic_{precision}.pt"
         # After the first checkpoint (step 5), so that the restart resumes from one.
         victim, at = rng.randrange(2), rng.randrange(6, steps - 3)
+        print(f"elastic {precision}: SIGKILL to rank {victim} at step {at} (seed {seed})",
+              flush=True)
         args = [f"precision={precision}", "optimizer=adam", f"steps={steps}", f"dir={d}",
                 "every=5", "step_ms=20", f"out={out}"]
         t0 = time.monotonic()
@@ -301,11 +317,15 @@ def elastic(bin_, tmp):
             codes = lines.finish()
         finally:
             kill_workers(lines.text)
-        assert codes == [0], (codes, lines.text[-4000:])
+        check(codes == [0], f"torchrun exited {codes}, want [0] (rank {victim} killed at step "
+              f"{at}, seed {seed}):\n{lines.text[-4000:]}")
         resumed = m.group(1)
-        assert resumed.startswith("resumed from step"), (resumed, victim, at)
+        check(resumed.startswith("resumed from step"),
+              f"attempt 1 says {resumed!r}, want 'resumed from step N' (rank {victim} killed at "
+              f"step {at}, seed {seed})")
         s = int(resumed.split()[-1])
-        assert s % 5 == 0 and s <= at + 1, (s, at)
+        check(s % 5 == 0 and s <= at + 1, f"resumed from step {s}, want a multiple of 5 <= "
+              f"{at + 1} (killed at step {at}, seed {seed})")
         same(torch.load(straight_run(bin_, tmp, precision, steps)), torch.load(out),
              f"elastic {precision}")
         print(f"elastic {precision}: rank {victim} SIGKILLed at step {at}; torchrun restarted "
@@ -378,8 +398,8 @@ def orphan(bin_, tmp):
         kill([agent])
         time.sleep(0.1)
         reap()
-    assert not left, f"workers {left} outlived torchrun's agent by 10 s"
-    assert before == after, (before, after)
+    check(not left, f"workers {left} outlived torchrun's agent by 10 s")
+    check(before == after, f"the directory changed after the agent died: {before} -> {after}")
     print(f"checkpoint orphan: ok (torchrun SIGKILLed at step 7: both workers gone after "
           f"{gone * 1000:.0f} ms, the directory unchanged since: {', '.join(after)})")
 
@@ -387,7 +407,7 @@ def orphan(bin_, tmp):
 def async_saves(bin_, tmp):
     """Asynchronous saves under loom::Ddp (2 ranks, rank 0 writes in the background): the same
     bits as synchronous ones; a write that fails is an error on both ranks; a SIGKILL during
-    a background write leaves the checkpoint before it whole."""
+    a background write leaves the checkpoint before it whole. (A full disk: case full_disk.)"""
     steps = 20
     d = tmp / "async_ok"
     shutil.rmtree(d, ignore_errors=True)
@@ -395,7 +415,8 @@ def async_saves(bin_, tmp):
                "async=1", f"out={tmp / 'async_ok.pt'}"], 2)
     same(torch.load(straight_run(bin_, tmp, "16-mixed", steps)), torch.load(tmp / "async_ok.pt"),
          "async 16-mixed")
-    assert (d / "latest").read_text().strip() == "step-18.pt", os.listdir(d)
+    latest = (d / "latest").read_text().strip()
+    check(latest == "step-18.pt", f"latest names {latest!r}, want 'step-18.pt': {os.listdir(d)}")
     print(f"async: 2 ranks, 16-mixed, a background save every 3 steps: {steps} steps end "
           "bitwise equal to a run without saves; latest names step-18.pt")
 
@@ -408,44 +429,13 @@ def async_saves(bin_, tmp):
     lines = Lines(hand_ranks(bin_, args, 2, free_port()), DEADLINE)
     codes = lines.finish()
     want = f"the background save of {d / 'step-6.pt'} failed on rank 0: "
-    assert codes == [1, 1] and lines.text.count(want) == 2, (codes, lines.text[-3000:])
-    assert (d / "latest").read_text().strip() == "step-3.pt"
+    n = lines.text.count(want)
+    check(codes == [1, 1] and n == 2, f"exit codes {codes} (want [1, 1]), {n} rank(s) say "
+          f"{want!r} (want 2):\n{lines.text[-3000:]}")
+    latest = (d / "latest").read_text().strip()
+    check(latest == "step-3.pt", f"latest names {latest!r}, want 'step-3.pt'")
     print("async: a background write that fails (step 6's name taken by a directory) is a "
           "loom::Error on both ranks at the next save; latest still names step-3.pt")
-
-    # A full disk: rank 0's directory on a 64 KiB tmpfs, mounted in a user namespace of its own.
-    d = tmp / "async_full"
-    shutil.rmtree(d, ignore_errors=True)
-    d.mkdir(parents=True)
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c",
-                            f"mount -t tmpfs -o size=64k tmpfs {d} && echo mounted"],
-                           capture_output=True, text=True)
-    if "mounted" not in probe.stdout:
-        print("async: a full disk not tested: cannot mount a tmpfs here "
-              f"({probe.stderr.strip() or probe.returncode})")
-    else:
-        for mode in ("1", "0"):  # asynchronous, then synchronous: an error, never an abort
-            args = ["precision=32-true", "optimizer=adam", f"steps={steps}", f"dir={d}",
-                    "every=3", f"async={mode}", "big_mb=1", f"out={tmp / 'async_full.pt'}"]
-            port = free_port()
-            procs = []
-            for r in range(2):  # rank 0 inside a namespace of its own, on the small tmpfs
-                env = base_env(RANK=r, WORLD_SIZE=2, LOCAL_RANK=r, MASTER_ADDR="127.0.0.1",
-                               MASTER_PORT=port)
-                cmd = [bin_] + args
-                if r == 0:
-                    cmd = ["unshare", "-rm", "sh", "-c",
-                           f"mount -t tmpfs -o size=64k tmpfs {d} && exec \"$0\" \"$@\""] + cmd
-                procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                              stderr=subprocess.STDOUT, start_new_session=True))
-            lines = Lines(procs, DEADLINE)
-            codes = lines.finish()
-            assert codes == [1, 1], (mode, codes, lines.text[-3000:])
-            assert "No space left on device" in lines.text, lines.text[-3000:]
-            # Both ranks name the writing rank and its reason.
-            assert lines.text.count("failed on rank 0: ") == 2, lines.text[-3000:]
-        print("async: rank 0 on a full 64 KiB tmpfs: 'No space left on device', a loom::Error on "
-              "both ranks, with an asynchronous save and with a synchronous one")
 
     # SIGKILL while a background write is under way: the checkpoint before it loads whole.
     landed = 0
@@ -472,11 +462,13 @@ def async_saves(bin_, tmp):
         names = os.listdir(d)
         landed += any(".tmp." in n for n in names)
         done = sorted(int(n[5:-3]) for n in names if n.startswith("step-") and n.endswith(".pt"))
+        check(done, f"no complete checkpoint after the kill: {names}")
         newest = done[-1]
         ck = torch.load(d / f"step-{newest}.pt")
         big = ck["big"]
-        assert ck["step"] == newest and torch.equal(big, torch.full_like(big, newest)), \
-            (newest, big[:3], ck["step"])
+        check(ck["step"] == newest and torch.equal(big, torch.full_like(big, newest)),
+              f"step-{newest}.pt holds step {ck['step']!r} and big {big[:3].tolist()}..., want "
+              f"step {newest} and big all {newest}")
         print(f"async kill {attempt}: SIGKILL with {names}; step-{newest}.pt loads whole, its "
               f"big tensor all {newest} (the value at its save, not after)")
     if landed == 0:
@@ -484,12 +476,61 @@ def async_saves(bin_, tmp):
     print(f"checkpoint async: ok ({landed} of 3 kills during a background write)")
 
 
+def full_disk(bin_, tmp):
+    """A full disk under loom::Ddp: rank 0's checkpoint directory on a 64 KiB tmpfs, mounted in
+    a user namespace of its own (unshare -rm). The write fails with 'No space left on device',
+    a loom::Error on both ranks, with an asynchronous save and with a synchronous one. Where no
+    such namespace and tmpfs can be made it prints LOOM-SKIPPED and exits 0."""
+    steps = 20
+    d = tmp / "async_full"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    mount = f"mount -t tmpfs -o size=64k tmpfs {d}"
+    if shutil.which("unshare") is None:
+        print("LOOM-SKIPPED: no unshare command here, so no tmpfs of 64 KiB to fill")
+        return
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"{mount} && echo mounted"],
+                           capture_output=True, text=True)
+    if "mounted" not in probe.stdout:
+        reason = probe.stderr.strip().replace("\n", " ") or f"exit {probe.returncode}"
+        print(f"LOOM-SKIPPED: cannot mount a tmpfs in a user namespace here ({reason})")
+        return
+    for mode in ("1", "0"):  # asynchronous, then synchronous: an error, never an abort
+        args = ["precision=32-true", "optimizer=adam", f"steps={steps}", f"dir={d}",
+                "every=3", f"async={mode}", "big_mb=1", f"out={tmp / 'async_full.pt'}"]
+        port = free_port()
+        procs = []
+        for r in range(2):  # rank 0 inside a namespace of its own, on the small tmpfs
+            env = base_env(RANK=r, WORLD_SIZE=2, LOCAL_RANK=r, MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=port)
+            cmd = [bin_] + args
+            if r == 0:
+                cmd = ["unshare", "-rm", "sh", "-c", f"{mount} && exec \"$0\" \"$@\""] + cmd
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+        lines = Lines(procs, DEADLINE)
+        codes = lines.finish()
+        check(codes == [1, 1], f"async={mode}: exit codes {codes}, want [1, 1]:\n"
+              f"{lines.text[-3000:]}")
+        check("No space left on device" in lines.text,
+              f"async={mode}: no 'No space left on device' in the output:\n{lines.text[-3000:]}")
+        # Both ranks name the writing rank and its reason.
+        n = lines.text.count("failed on rank 0: ")
+        check(n == 2, f"async={mode}: {n} rank(s) say 'failed on rank 0: ', want 2:\n"
+              f"{lines.text[-3000:]}")
+        print(f"full_disk async={mode}: rank 0 on a full 64 KiB tmpfs: 'No space left on device', "
+              "a loom::Error on both ranks", flush=True)
+    print("checkpoint full_disk: ok (rank 0 on a full 64 KiB tmpfs: 'No space left on device', "
+          "a loom::Error on both ranks, with an asynchronous save and with a synchronous one)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--tmp", required=True)
     cases = {"matrix": matrix, "ddp": ddp, "sigkill": sigkill, "preempt": preempt,
-             "elastic": elastic, "orphan": orphan, "async": async_saves}
+             "elastic": elastic, "orphan": orphan, "async": async_saves,
+             "full_disk": full_disk}
     ap.add_argument("case", choices=sorted(cases))
     a = ap.parse_args()
     tmp = Path(a.tmp)

@@ -6,11 +6,31 @@
 same(a, b, path) is what loom's resume tests compare with: tensors by dtype, shape and bytes
 (so nan == nan and -0.0 != 0.0), dicts by keys in order and values, lists and tuples element by
 element, everything else by type and ==.
+
+check(cond, what) and test_seed(what) are small helpers the harnesses share: a check that raises
+(python -O strips assert statements, not this), and a random seed that is printed and that
+LOOM_TEST_SEED fixes.
 """
 
+import os
 import sys
+import time
 
 import torch
+
+
+def check(cond, what):
+    """Raises AssertionError(what) unless cond: a test check that PYTHONOPTIMIZE keeps."""
+    if not cond:
+        raise AssertionError(what)
+
+
+def test_seed(what):
+    """The seed of a test's random choices: LOOM_TEST_SEED if set, else the clock. Printed, so
+    that a failure can be repeated with LOOM_TEST_SEED=<it>."""
+    seed = os.environ.get("LOOM_TEST_SEED") or str(time.time_ns())
+    print(f"{what}: seed {seed} (LOOM_TEST_SEED={seed} repeats its random choices)", flush=True)
+    return seed
 
 
 def same(a, b, path):

@@ -1,5 +1,4 @@
-// expect-error: it lacks `static constexpr std::string_view ddp_backend\(\)` naming .?"gloo
-// or "mpi"
+// expect-error: it lacks `static constexpr std::string_view ddp_backend\(\)` naming .?"gloo.?", .?"nccl.?" or .?"mpi
 #include <loom/device/defaults.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/runtime.hpp>

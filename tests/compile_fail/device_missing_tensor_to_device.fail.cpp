@@ -1,5 +1,4 @@
-// expect-error: the Device argument does not model DevicePolicy: it lacks `torch::Tensor
-// tensor_to_device\(const torch::Tensor&\) const`
+// expect-error: the Device argument does not model DevicePolicy: it lacks `torch::Tensor tensor_to_device\(const torch::Tensor&\) const`
 #include <loom/device/defaults.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/runtime.hpp>

@@ -1,6 +1,5 @@
-// expect-error: the Precision argument does not model PrecisionPolicy: it lacks `void
-// convert_module\(torch::nn::Module&\)` A custom policy written without the Defaults base forgets
-// one member.
+// expect-error: the Precision argument does not model PrecisionPolicy: it lacks `void convert_module\(torch::nn::Module&\)`
+// A custom policy written without the Defaults base forgets one member.
 #include <loom/device/cpu.hpp>
 #include <loom/runtime.hpp>
 

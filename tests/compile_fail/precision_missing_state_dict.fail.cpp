@@ -1,6 +1,5 @@
-// expect-error: the Precision argument does not model PrecisionPolicy: it lacks `loom::StateDict
-// state_dict\(\) const` A custom policy written without the Defaults base forgets a Checkpointable
-// member.
+// expect-error: the Precision argument does not model PrecisionPolicy: it lacks `loom::StateDict state_dict\(\) const`
+// A custom policy written without the Defaults base forgets a Checkpointable member.
 #include <loom/device/cpu.hpp>
 #include <loom/runtime.hpp>
 

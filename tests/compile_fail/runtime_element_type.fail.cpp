@@ -1,5 +1,5 @@
-// expect-error: the Precision argument is an element type or a dtype \(such as c10::Half or
-// torch::Dtype\), not a precision policy. Common mistake reject-error: it lacks
+// expect-error: the Precision argument is an element type or a dtype \(such as c10::Half or torch::Dtype\), not a precision policy. Common mistake
+// reject-error: it lacks
 #include <c10/util/Half.h>
 #include <loom/device/cpu.hpp>
 #include <loom/precision/mixed.hpp>

@@ -1,5 +1,5 @@
-// expect-error: the Device argument is torch::Device \(or c10::DeviceType\), not a device policy.
-// Common mistake reject-error: it lacks
+// expect-error: the Device argument is torch::Device \(or c10::DeviceType\), not a device policy. Common mistake
+// reject-error: it lacks
 #include <c10/core/Device.h>
 #include <loom/device/cpu.hpp>
 #include <loom/precision/fp32.hpp>

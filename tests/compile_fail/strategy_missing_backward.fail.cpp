@@ -1,4 +1,4 @@
-// expect-error: does not model StrategyPolicy: it lacks `void backward\(const torch::Tensor& loss,
+// expect-error: does not model StrategyPolicy: it lacks `void backward\(const torch::Tensor& loss, Step&& step\)` that calls step\(\)
 // A strategy written without the Defaults base forgets the hook around the backward pass.
 #include <loom/device/cpu.hpp>
 #include <loom/precision/fp32.hpp>

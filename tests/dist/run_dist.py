@@ -110,11 +110,34 @@ def expect(results, want_rc, *needles, ranks=None):
                 raise Failure(f"rank {i}: output lacks {n!r}")
 
 
+def python_sampler(n, world, rank, seed, epoch):
+    """Python's torch.utils.data.DistributedSampler: rank `rank`'s indices of `world`."""
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True,
+                                 seed=seed)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
 def case_train(worker, tmp):
     res, t = run_ranks(worker, "train", 2, 120, tmp, steps=6)
     expect(res, 0, "setup: params from rank 0 equal", "grads equal, params equal after 6 steps",
            "done")
-    return f"2 ranks by hand, 6 steps, {t:.1f} s"
+    # Each rank's loom::DistributedSampler, built from its loom::Ddp, against Python's sampler
+    # for that rank of 2 (12 samples, seed 5, epoch 2: the worker's sampler_from_strategy).
+    lists = []
+    for r in range(2):
+        want = python_sampler(12, 2, r, seed=5, epoch=2)
+        needle = (f"rank {r}/2: sampler from the strategy: {len(want)} of 12 indices: "
+                  f"[{' '.join(map(str, want))}]; the 2 ranks' lists disjoint and covering the "
+                  f"dataset")
+        expect(res, 0, needle, ranks=[r])
+        lists.append(want)
+    if sorted(lists[0] + lists[1]) != list(range(12)):
+        raise Failure(f"Python's two sampler lists {lists} are not a partition of range(12)")
+    return (f"2 ranks by hand, 6 steps, {t:.1f} s; DistributedSampler from Ddp: rank 0 "
+            f"{lists[0]}, rank 1 {lists[1]}, Python's for rank 0 and 1 of 2, disjoint")
 
 
 def torchrun_cmd(*extra):
@@ -309,12 +332,42 @@ def case_parity(worker, tmp):
     return "see above"
 
 
-def case_cuda(worker, tmp, backend, world, zero=0):
-    res, t = run_ranks(worker, "cuda", world, 300, tmp, backend=backend, gpu=0, zero=zero)
+def cuda_devices():
+    """How many CUDA devices torch sees (the python running this script has torch)."""
+    try:
+        import torch
+    except ImportError as e:
+        raise Failure(f"the CUDA cases need torch in {sys.executable}: {e}")
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+SMOKE = "smoke test only: 1 GPU, nothing compared across ranks"
+
+
+def case_cuda(worker, tmp, backend, zero=0, shared_gpu=False):
+    """NCCL (`shared_gpu` False): 2 ranks on GPUs 0 and 1 (each its LOCAL_RANK's) when torch sees
+    2 or more; on one GPU a single rank, which can only be compared with a one-process run (a
+    smoke test, said in the result line). gloo (`shared_gpu`): 2 ranks on GPU 0."""
+    gpus = cuda_devices()
+    if gpus == 0:
+        raise Failure("torch sees no CUDA device")
     name = backend + (f" zero{zero}" if zero else "")
-    expect(res, 0, f"cuda {name}: params on cuda:0, equal at setup yes, after 5 steps yes, "
-           "all_reduce ok")
-    return f"{world} rank(s), {name} on one GPU, {t:.1f} s"
+    if shared_gpu or gpus >= 2:
+        gpu = 0 if shared_gpu else "local"
+        res, t = run_ranks(worker, "cuda", 2, 300, tmp, backend=backend, gpu=gpu, zero=zero)
+        for r in range(2):
+            expect(res, 0, f"cuda {name}: 2 ranks, params on cuda:{0 if shared_gpu else r}, "
+                   "equal across ranks at setup yes, after 5 steps yes, all_reduce ok",
+                   ranks=[r])
+        where = "one GPU" if shared_gpu else "GPUs 0 and 1"
+        return (f"2 ranks, {name} on {where} ({gpus} seen), compared across ranks, "
+                f"{t:.1f} s")
+    res, t = run_ranks(worker, "cuda", 1, 300, tmp, backend=backend, gpu=0, zero=zero)
+    expect(res, 0, f"cuda {name}: 1 rank, params on cuda:0 ({SMOKE}); against the same 5 steps "
+           "without a strategy: max|diff| ", "within 1e-6 yes")
+    line = next(x for x in res[0][1].splitlines() if f"cuda {name}: 1 rank" in x)
+    return (f"{SMOKE}; 1 rank, {name} on cuda:0, {t:.1f} s; "
+            + line.split("; ", 1)[1])
 
 
 CASES = {
@@ -325,9 +378,9 @@ CASES = {
     "lone": case_lone,
     "kill": lambda w, t: case_fault(w, t, "kill"), "stop": lambda w, t: case_fault(w, t, "stop"),
     "parity": case_parity,
-    "cuda_nccl": lambda w, t: case_cuda(w, t, "nccl", 1),
-    "cuda_gloo": lambda w, t: case_cuda(w, t, "gloo", 2),
-    "cuda_zero": lambda w, t: case_cuda(w, t, "nccl", 1, zero=2),
+    "cuda_nccl": lambda w, t: case_cuda(w, t, "nccl"),
+    "cuda_gloo": lambda w, t: case_cuda(w, t, "gloo", shared_gpu=True),
+    "cuda_zero": lambda w, t: case_cuda(w, t, "nccl", zero=2),
 }
 
 

@@ -15,10 +15,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <limits>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -56,6 +58,13 @@ int iarg(const std::string& key, int fallback) {
 std::string tag;  // "rank R/W"
 
 void say(const std::string& line) { std::cout << tag << ": " << line << std::endl; }
+
+/// `v` as printf's %g does.
+std::string num(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
 
 torch::nn::Sequential mlp(int in, int hidden, int out) {
   return torch::nn::Sequential(torch::nn::Linear(in, hidden), torch::nn::Tanh(),
@@ -111,6 +120,32 @@ loom::CommHook counting_hook(std::shared_ptr<HookCalls> calls) {
   });
 }
 
+/// A loom::DistributedSampler built from the strategy `s` (12 samples, shuffled, seed 5,
+/// epoch 2) takes the process group's rank and world size: this rank prints its indices
+/// (tests/dist/run_dist.py compares them with Python's DistributedSampler for the same rank
+/// and world), and the ranks' lists, gathered, are disjoint and cover the 12 samples.
+template <class S>
+void sampler_from_strategy(S& s) {
+  constexpr std::size_t n = 12;  // a multiple of 1, 2, 3 and 4 ranks: no padding
+  loom::DistributedSampler sampler(n, s, /*shuffle=*/true, /*seed=*/5);
+  sampler.set_epoch(2);
+  sampler.reset();
+  std::vector<std::int64_t> mine(sampler.indices().begin(), sampler.indices().end());
+  std::string list;
+  for (const auto i : mine) {
+    if (!list.empty()) list += ' ';
+    list += std::to_string(i);
+  }
+  std::vector<int> seen(n, 0);
+  for (const at::Tensor& other : s.all_gather(torch::tensor(mine, torch::kLong))) {
+    for (std::int64_t k = 0; k < other.numel(); ++k) ++seen.at(other[k].item<std::int64_t>());
+  }
+  const bool partition = std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; });
+  say("sampler from the strategy: " + std::to_string(mine.size()) + " of " + std::to_string(n) +
+      " indices: [" + list + "]; the " + std::to_string(s.world_size()) + " ranks' lists " +
+      (partition ? "disjoint and covering" : "NOT a partition of") + " the dataset");
+}
+
 template <class R>
 void train_steps(R& rt, torch::nn::Sequential& model, torch::optim::Optimizer& opt, int steps,
                  int stop_at, const std::string& fault) {
@@ -144,6 +179,7 @@ int run_train() {
   say("node " + std::to_string(s.node_rank()));
   say(std::string("setup: params from rank 0 ") +
       (same_on_all_ranks(s, flat_params(*model)) ? "equal" : "DIFFER"));
+  sampler_from_strategy(s);
   // A write to a dead peer's socket must fail with an error, not end the process by SIGPIPE.
   struct sigaction on_pipe {};
   sigaction(SIGPIPE, nullptr, &on_pipe);
@@ -554,21 +590,12 @@ int run_unused() {
   return 0;
 }
 
-/// Training on a CUDA device: NCCL (one rank per GPU) or gloo on CUDA tensors (several ranks
-/// may share a GPU).
-template <class S>
-int run_cuda_with(S strategy) {
-  using R = loom::Runtime<loom::Cuda, loom::Fp32, S>;
-  R rt(loom::Cuda(static_cast<c10::DeviceIndex>(iarg("gpu", 0))), loom::Fp32{},
-       std::move(strategy));
-  auto& s = rt.strategy();
-  torch::manual_seed(s.rank() + 1);
-  auto model = mlp(8, 64, 4);
-  loom::optim::AdamW opt(model->parameters(), loom::optim::AdamWOptions(0.01));  // fused
-  rt.setup(model, opt);
-  const bool start_equal = same_on_all_ranks(s, flat_params(*model));
+/// Five steps of fused AdamW with clipping on `rt`'s CUDA device, each rank its own batches.
+/// The weights start from seed `rank + 1` (a strategy's setup makes them rank 0's).
+template <class R>
+void train_cuda(R& rt, torch::nn::Sequential& model, loom::optim::AdamW& opt, int rank) {
   for (int step = 0; step < 5; ++step) {
-    torch::manual_seed(1000 * step + s.rank());
+    torch::manual_seed(1000 * step + rank);
     auto x = rt.to_device(torch::randn({16, 8}));
     auto y = rt.to_device(torch::randint(0, 4, {16}, torch::kLong));
     opt.zero_grad();
@@ -576,9 +603,35 @@ int run_cuda_with(S strategy) {
     rt.clip_gradients(opt, 1.0);
     rt.optimizer_step(opt);
   }
+}
+
+/// Training on a CUDA device: NCCL (one rank per GPU: gpu=local takes LOCAL_RANK's) or gloo
+/// on CUDA tensors (several ranks may share a GPU). With 2 or more ranks, each rank starts
+/// from other weights and batches: the parameters must be rank 0's after setup and equal on
+/// every rank after 5 steps, and an all-reduce of ones must sum the ranks. With one rank
+/// nothing can be compared across ranks (a smoke test: it says so); the run is compared with
+/// the same 5 steps on the same GPU without a strategy (a one-process Runtime<Cuda, Fp32>),
+/// which one rank's averaging (by 1) and collectives must leave unchanged: within 1e-6
+/// (expected bitwise; the bound leaves room for a cuBLAS algorithm chosen differently).
+template <class S>
+int run_cuda_with(S strategy) {
+  using R = loom::Runtime<loom::Cuda, loom::Fp32, S>;
+  const auto gpu = arg("gpu", "0");
+  auto device =
+      gpu == "local" ? loom::Cuda() : loom::Cuda(static_cast<c10::DeviceIndex>(iarg("gpu", 0)));
+  R rt(device, loom::Fp32{}, std::move(strategy));
+  auto& s = rt.strategy();
+  torch::manual_seed(s.rank() + 1);
+  auto model = mlp(8, 64, 4);
+  loom::optim::AdamW opt(model->parameters(), loom::optim::AdamWOptions(0.01));  // fused
+  rt.setup(model, opt);
+  const int world = s.world_size();
+  const bool start_equal = same_on_all_ranks(s, flat_params(*model));
+  train_cuda(rt, model, opt, s.rank());
   at::Tensor t = torch::ones({3}, torch::TensorOptions().device(rt.device().device()));
   s.all_reduce(t, loom::dist::ReduceOp::Sum);
-  const bool sum_ok = t.sum().item<float>() == 3.0f * static_cast<float>(s.world_size());
+  const bool sum_ok = t.sum().item<float>() == 3.0f * static_cast<float>(world);
+  const auto mine = flat_params(*model).cpu();
   const bool end_equal = same_on_all_ranks(s, flat_params(*model));
   std::string backend;
   if constexpr (std::is_same_v<S, loom::Zero>) {
@@ -586,11 +639,32 @@ int run_cuda_with(S strategy) {
   } else {
     backend = std::string(s.backend());
   }
-  say("cuda " + backend + ": params on " + model->parameters()[0].device().str() +
-      ", equal at setup " + (start_equal ? "yes" : "NO") + ", after 5 steps " +
-      (end_equal ? "yes" : "NO") + ", all_reduce " + (sum_ok ? "ok" : "WRONG"));
+  const std::string where = model->parameters()[0].device().str();
+  if (world >= 2) {
+    say("cuda " + backend + ": " + std::to_string(world) + " ranks, params on " + where +
+        ", equal across ranks at setup " + (start_equal ? "yes" : "NO") + ", after 5 steps " +
+        (end_equal ? "yes" : "NO") + ", all_reduce " + (sum_ok ? "ok" : "WRONG"));
+    rt.teardown();
+    return start_equal && end_equal && sum_ok ? 0 : 1;
+  }
   rt.teardown();
-  return start_equal && end_equal && sum_ok ? 0 : 1;
+  // One rank: the same steps by a one-process runtime on the same device.
+  loom::Runtime<loom::Cuda, loom::Fp32> one(device);
+  torch::manual_seed(1);
+  auto ref = mlp(8, 64, 4);
+  loom::optim::AdamW ref_opt(ref->parameters(), loom::optim::AdamWOptions(0.01));
+  one.setup(ref, ref_opt);
+  train_cuda(one, ref, ref_opt, 0);
+  const auto want = flat_params(*ref).cpu();
+  const double diff = (mine - want).abs().max().item<double>();
+  const bool bitwise = torch::equal(mine.view(torch::kInt), want.view(torch::kInt));
+  const bool close = diff <= 1e-6;
+  say("cuda " + backend + ": 1 rank, params on " + where +
+      " (smoke test only: 1 GPU, nothing compared across ranks); against the same 5 steps "
+      "without a strategy: max|diff| " +
+      num(diff) + (bitwise ? " (bitwise equal)" : " (not bitwise)") + ", within 1e-6 " +
+      (close ? "yes" : "NO"));
+  return close ? 0 : 1;
 }
 
 int run_cuda() {
@@ -717,13 +791,14 @@ int run_parity() {
 }
 
 /// The loom side of the ZeRO tests (tests/dist/zero_parity.py writes the inputs, runs Python's
-/// DistributedDataParallel + ZeroRedundancyOptimizer(AdamW, fused=True) and compares): an MLP
-/// 8-32-32-4 trained by fused AdamW (StepLR: halved every 6 steps, not after a resume) under
-/// Ddp (stage=0) or Zero (stage=1, 2). Step i takes
-/// rows [8i, 8i + 8) of x.bin, each rank its contiguous part; `accumulate` micro-batches;
-/// `clip` > 0 clips the norm; `load` resumes from a checkpoint at step `start`; `save_at`
-/// writes one to `save` (`sharded=1`: ZeroCheckpoint::sharded). Writes <tag>_rank<r>.bin (the
-/// final parameters) and .scaler.
+/// DistributedDataParallel + ZeroRedundancyOptimizer(AdamW or SGD, fused=True) and compares):
+/// an MLP 8-32-32-4 trained by fused AdamW (`optimizer=sgd`: fused SGD, lr 0.05, momentum 0.9;
+/// StepLR: halved every 6 steps, not after a resume) under Ddp (stage=0) or Zero (stage=1, 2).
+/// Step i takes rows [8i, 8i + 8) of x.bin, each rank its contiguous part; `accumulate`
+/// micro-batches; `clip` > 0 clips the norm; `load` resumes from a checkpoint at step `start`;
+/// `save_at` writes one to `save` (`sharded=1`: ZeroCheckpoint::sharded). Writes
+/// <tag>_rank<r>.bin (the final parameters), .scaler, and with `clip` .norms: the GradNorm
+/// rt.clip_gradients returned at each step (its value(), 17 significant digits, one a line).
 template <class P, class S>
 int run_zero_with(S strategy) {
   const std::string dir = arg("dir", ".");
@@ -758,7 +833,17 @@ int run_zero_with(S strategy) {
   auto ys = read_raw<std::int64_t>(dir + "/y.bin", static_cast<std::size_t>(n));
   auto X = torch::from_blob(xs.data(), {n, 8}, torch::kFloat).clone();
   auto Y = torch::from_blob(ys.data(), {n}, torch::kLong).clone();
-  loom::optim::AdamW opt(model->parameters(), loom::optim::AdamWOptions(1e-2).weight_decay(0.01));
+  std::unique_ptr<torch::optim::Optimizer> made;
+  if (const auto o = arg("optimizer", "adamw"); o == "sgd") {
+    made = std::make_unique<loom::optim::SGD>(model->parameters(),
+                                              loom::optim::SGDOptions(0.05).momentum(0.9));
+  } else if (o == "adamw") {
+    made = std::make_unique<loom::optim::AdamW>(model->parameters(),
+                                                loom::optim::AdamWOptions(1e-2).weight_decay(0.01));
+  } else {
+    throw loom::Error("worker: zero runs optimizer=adamw or optimizer=sgd, not " + o);
+  }
+  torch::optim::Optimizer& opt = *made;
   rt.setup(model, opt);
   // The lr halves every 6 steps (Python's StepLR); a resumed run starts from the saved lr.
   const bool schedule = arg("load", "").empty();
@@ -770,6 +855,7 @@ int run_zero_with(S strategy) {
     rt.load(from, loom::State{{"model", model}, {"optimizer", opt}});
   }
   const int world = s.world_size(), per = global / world;
+  std::vector<double> norms;  // what clip_gradients returned, step by step
   for (int step = start; step < steps; ++step) {
     opt.zero_grad();
     auto x = X.narrow(0, step * global + s.rank() * per, per);
@@ -781,7 +867,7 @@ int run_zero_with(S strategy) {
           rt.forward(model, xm[static_cast<std::size_t>(j)]), ym[static_cast<std::size_t>(j)]);
       rt.backward(k > 1 ? loss / k : loss, model);
     }
-    if (clip > 0) rt.clip_gradients(opt, clip);
+    if (clip > 0) norms.push_back(rt.clip_gradients(opt, clip).value());
     rt.optimizer_step(opt);
     if (schedule) sched.step();
     if (step + 1 == save_at) rt.save(arg("save", dir + "/zero.pt"), state);
@@ -801,6 +887,11 @@ int run_zero_with(S strategy) {
     const auto& scaler = rt.precision().scaler();
     std::ofstream(name + ".scaler")
         << std::to_string(scaler.get_scale()) << " " << scaler.get_growth_tracker();
+  }
+  if (clip > 0) {
+    std::ofstream file(name + ".norms");
+    file << std::setprecision(17);
+    for (const double v : norms) file << v << "\n";
   }
   say("zero: wrote " + std::to_string(flat.numel()) + " parameters, params " +
       (same_on_all_ranks(s, flat) ? "equal" : "DIFFER") + " on every rank");

@@ -7,10 +7,23 @@ under loom::Zero stage 1, stage 2 (buckets summed by all-reduce, gloo's automati
 in 32-true and 16-mixed, by reduce to the owner) and loom::Ddp. Step i trains on rows [8i, 8i + 8), each rank
 its half. Cases: 32-true; 16-mixed with a GradScaler that overflows and grows (init scale
 2^20, growth interval 3: scale and growth tracker compared too); bf16-mixed with 4
-micro-batches (no_sync); 32-true with the gradient norm clipped to 0.5. Stage 1 and stage 2
-must equal Python bit for bit (with 2 ranks the sum of two shares has one order), and so must
-Ddp; with clipping, stage 2's norm is the all-reduced sum of each shard's squares, which rounds
-differently: close, not bitwise.
+micro-batches (no_sync); 32-true with the gradient norm clipped to 0.5 (AdamW); 32-true with
+fused SGD (lr 0.05, momentum 0.9, the same StepLR) clipped to 1.0. Stage 1 and stage 2 must
+equal Python bit for bit (with 2 ranks the sum of two shares has one order), and so must Ddp.
+
+Clipped runs: each side records the norm at every step (Python: clip_grad_norm_'s return; loom:
+the GradNorm rt.clip_gradients returns) on every rank. Ddp and stage 1 clip the whole averaged
+gradient as Python does: norms and parameters bit for bit. Stage 2's norm is each shard's f32
+norm, squared in f64, all-reduced and square-rooted (Python: one f32 norm of the 6 per-tensor
+norms), and its clip coefficient is computed in f64 (Python: f32): a different rounding, so
+  - its norm must be within NORM_REL (1e-6, about 8 f32 ulps) of Python's at every step, and
+    equal on both ranks;
+  - clipping must be active (norm > max_norm) on at least one step, on the same steps on both
+    sides;
+  - its parameters must be within param_bound(): the first-order effect of clip coefficients
+    that differ by NORM_REL plus 3 f32 roundings, and one f32 ulp of rounding per step.
+SGD is linear in the gradient, so a norm off by a constant factor moves the parameters (AdamW
+nearly cancels one); the norm comparison catches it under either optimizer.
 
 Then checkpoints: stage 2 on 4 ranks saves after step 10 (rank 0 writes the optimizer state of
 every shard in Python's layout). Stock torch.load opens it; Python's single-process
@@ -42,9 +55,45 @@ from launch import torchrun
 STEPS, GLOBAL, WORLD = 20, 8, 2
 SAMPLES = STEPS * GLOBAL
 LR, WD = 1e-2, 0.01
+SGD_LR, MOMENTUM = 0.05, 0.9  # the worker's optimizer=sgd
+BETA1, BETA2 = 0.9, 0.999  # AdamW's defaults, both sides
 INIT_SCALE, GROWTH_INTERVAL = 2.0 ** 20, 3
-# (precision, micro-batches, clip)
-RUNS = [("32-true", 1, 0.0), ("16-mixed", 1, 0.0), ("bf16-mixed", 4, 0.0), ("32-true", 1, 0.5)]
+# (precision, micro-batches, clip, optimizer)
+RUNS = [("32-true", 1, 0.0, "adamw"), ("16-mixed", 1, 0.0, "adamw"),
+        ("bf16-mixed", 4, 0.0, "adamw"), ("32-true", 1, 0.5, "adamw"), ("32-true", 1, 1.0, "sgd")]
+# Stage 2's norm against Python's: relative difference at most NORM_REL at every step. Both
+# round a sum of f32 squares differently (see the top); observed about 1e-7.
+NORM_REL = 1e-6
+F32_HALF_ULP = 2.0 ** -24  # relative rounding of one f32 operation; one ulp of a value below 1
+
+
+def lr_sum(lr):
+    """The sum of the lrs of the 20 steps under StepLR(6, 0.5)."""
+    return sum(lr * 0.5 ** (step // 6) for step in range(STEPS))
+
+
+def param_bound(optimizer, clip):
+    """How far stage 2's parameters may be from Python's after 20 clipped steps.
+
+    Within a step both sides multiply the same gradients by one coefficient each,
+    min(clip / (norm + 1e-6), 1); they differ by a relative delta <= NORM_REL (the norms) + 3
+    f32 roundings (Python's add, reciprocal and product). To first order (the gradients'
+    dependence on the parameters neglected):
+      - SGD: the clipped gradient has 2-norm <= clip, so each element differs by <= delta *
+        clip; the momentum buffer sums them with weights momentum^k, <= delta * clip /
+        (1 - momentum); the parameters move by lr times that each step.
+      - AdamW: m-hat and sqrt(v-hat) each change by at most a relative delta, the update
+        m-hat / sqrt(v-hat) by <= 2 delta times its bound (1 - beta1) / sqrt(1 - beta2) (Kingma
+        and Ba, section 2.1: about 3.16); the parameters move by lr times that each step.
+    Plus the f32 rounding of each step's parameter update, one ulp (2^-24 for |p| < 1, which
+    the caller checks) per step.
+    """
+    delta = NORM_REL + 3 * F32_HALF_ULP
+    if optimizer == "sgd":
+        drift = lr_sum(SGD_LR) * clip * delta / (1 - MOMENTUM)
+    else:
+        drift = lr_sum(LR) * 2 * delta * (1 - BETA1) / (1 - BETA2) ** 0.5
+    return drift + STEPS * F32_HALF_ULP
 
 
 def mlp():
@@ -84,7 +133,7 @@ def forward_loss(model, x, y, low):
     return torch.nn.functional.cross_entropy(out, y)
 
 
-def python_side(d, precision, accumulate, clip):
+def python_side(d, precision, accumulate, clip, optimizer):
     import contextlib
 
     import torch.distributed as dist
@@ -96,14 +145,19 @@ def python_side(d, precision, accumulate, clip):
     rank, world = dist.get_rank(), dist.get_world_size()
     model, x, y = load_model(d)
     ddp = DDP(model)
-    opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=LR,
-                                  weight_decay=WD, fused=True)
+    if optimizer == "sgd":
+        opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD,
+                                      lr=SGD_LR, momentum=MOMENTUM, fused=True)
+    else:
+        opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=LR,
+                                      weight_decay=WD, fused=True)
     sched = torch.optim.lr_scheduler.StepLR(opt, 6, 0.5)
     scaler = (torch.amp.GradScaler("cpu", init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL)
               if precision == "16-mixed" else None)
     low = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
     per = GLOBAL // world
     skipped = 0
+    norms = []
     for step in range(STEPS):
         opt.zero_grad()
         rows = slice(step * GLOBAL + rank * per, step * GLOBAL + (rank + 1) * per)
@@ -118,7 +172,7 @@ def python_side(d, precision, accumulate, clip):
         if clip > 0:
             if scaler:
                 scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(ddp.parameters(), clip)
+            norms.append(float(torch.nn.utils.clip_grad_norm_(ddp.parameters(), clip)))
         if scaler:
             before = scaler.get_scale()
             scaler.step(opt)
@@ -132,6 +186,8 @@ def python_side(d, precision, accumulate, clip):
     if scaler:
         (d / f"python_rank{rank}.scaler").write_text(
             f"{scaler.get_scale()} {scaler._get_growth_tracker()} {skipped}")
+    if clip > 0:
+        (d / f"python_rank{rank}.norms").write_text("".join(f"{n!r}\n" for n in norms))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -171,27 +227,80 @@ def maxdiff(a, b):
     return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
 
 
+def norms_of(d, tag):
+    """Each rank's gradient norms, step by step (the .norms files)."""
+    out = [[float(x) for x in (d / f"{tag}_rank{r}.norms").read_text().split()]
+           for r in range(WORLD)]
+    for r, norms in enumerate(out):
+        if len(norms) != STEPS:
+            raise SystemExit(f"zero_parity: {tag} rank {r} recorded {len(norms)} norms, "
+                             f"not {STEPS}")
+        if norms != out[0]:
+            raise SystemExit(f"zero_parity: {tag}: rank {r}'s norms differ from rank 0's: "
+                             f"{norms} against {out[0]}")
+    return out[0]
+
+
+def check_norms(what, tag, stage, optimizer, clip, py_norms, lm_norms, py, lm):
+    """The clipped runs: the norms step by step, clipping active, and stage 2's parameters
+    within param_bound() (stage 0 and 1's parameters are compared bit for bit by the caller).
+    Returns the line to print."""
+    rel = max(abs(a - b) / a for a, b in zip(py_norms, lm_norms))
+    py_active = [i for i, n in enumerate(py_norms) if n > clip]
+    lm_active = [i for i, n in enumerate(lm_norms) if n > clip]
+    line = (f"zero parity {what}: loom {tag} gradient norm vs Python's clip_grad_norm_ at each "
+            f"of {STEPS} steps: max relative difference {rel:.3g} "
+            f"({'bitwise equal' if py_norms == lm_norms else 'NOT bitwise'}); "
+            f"norms {min(py_norms):.3g} to {max(py_norms):.3g}, clipping active (norm > {clip}) "
+            f"on {len(py_active)} of {STEPS} steps {py_active} (loom: {len(lm_active)})")
+    if not py_active or not lm_active:
+        raise SystemExit(f"zero_parity: clipping was never active: {line}")
+    if stage < 2 and py_norms != lm_norms:
+        raise SystemExit(f"zero_parity: loom {tag} ({what}): the norms are not Python's bits: "
+                         f"{line}")
+    if rel > NORM_REL:
+        raise SystemExit(f"zero_parity: loom {tag} ({what}): the sharded norm is more than "
+                         f"{NORM_REL:g} (relative) from Python's: {line}")
+    if py_active != lm_active:
+        raise SystemExit(f"zero_parity: loom {tag} clipped other steps than Python: {line}")
+    if stage < 2:
+        return line
+    largest = max(float(np.abs(x).max()) for x in py)
+    if largest >= 1:
+        raise SystemExit(f"zero_parity: a parameter reached {largest}: param_bound() assumes "
+                         f"|p| < 1")
+    bound = param_bound(optimizer, clip)
+    diff = maxdiff(py, lm)
+    line += f"; parameters max|diff| {diff:g} (bound {bound:.3g})"
+    if diff > bound:
+        raise SystemExit(f"zero_parity: loom {tag} ({what}): parameters beyond the bound: {line}")
+    return line
+
+
 def driver(worker, d):
     d.mkdir(parents=True, exist_ok=True)
     write_inputs(d)
     common = [f"dir={d}", f"samples={SAMPLES}", f"steps={STEPS}", f"init_scale={INIT_SCALE}",
               f"growth_interval={GROWTH_INTERVAL}"]
     init = np.fromfile(d / "init.bin", dtype="<f4")
-    for precision, k, clip in RUNS:
-        for f in list(d.glob("*_rank*.bin")) + list(d.glob("*_rank*.scaler")):
+    for precision, k, clip, optimizer in RUNS:
+        for f in [f for ext in ("bin", "scaler", "norms") for f in d.glob(f"*_rank*.{ext}")]:
             f.unlink()
         what = precision + (f", {k} micro-batches" if k > 1 else "") + \
-            (f", clip {clip}" if clip else "")
+            (", SGD" if optimizer == "sgd" else "") + (f", clip {clip}" if clip else "")
         run([__file__, "--role", "python", "--dir", str(d), "--precision", precision,
-             "--accumulate", str(k), "--clip", str(clip)], WORLD, f"Python ({what})", attempts=2)
+             "--accumulate", str(k), "--clip", str(clip), "--optimizer", optimizer], WORLD,
+            f"Python ({what})", attempts=2)
         py = ranks(d, "python", WORLD)
+        py_norms = norms_of(d, "python") if clip else None
         # Stage 2 sums its buckets by all-reduce on gloo (automatic); "zero2r" forces the
         # reduce to the owner (NCCL's choice) so that both collectives are proven.
         stages = (0, 1, 2, 3) if precision in ("32-true", "16-mixed") and not clip else (0, 1, 2)
         for stage in stages:
             tag = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero2r"}[stage]
             out = run(["--no-python", worker, "zero", *common, f"precision={precision}",
-                       f"accumulate={k}", f"clip={clip}", f"stage={min(stage, 2)}", f"tag={tag}",
+                       f"accumulate={k}", f"clip={clip}", f"optimizer={optimizer}",
+                       f"stage={min(stage, 2)}", f"tag={tag}",
                        "bucket_bytes=2048", f"collective={'reduce' if stage == 3 else 'automatic'}"],
                       WORLD, f"loom {tag} ({what})")
             if "DIFFER" in out:
@@ -210,10 +319,10 @@ def driver(worker, d):
                          f"({ps[0][2]} backoffs): {'equal' if ok else 'NOT equal'}")
                 same = same and ok and int(ps[0][2]) > 0
             print(line)
-            if stage >= 2 and clip:
-                if maxdiff(py, lm) > 1e-5:
-                    raise SystemExit(f"zero_parity: stage 2 with clipping is far from Python: {line}")
-            elif not same:
+            if clip:
+                print(check_norms(what, tag, stage, optimizer, clip, py_norms,
+                                  norms_of(d, tag), py, lm))
+            if not same and not (stage >= 2 and clip):
                 raise SystemExit(f"zero_parity: loom {tag} ({what}) differs from Python's ZeRO")
             for line_ in sorted(x for x in out.splitlines() if "zero memory" in x):
                 print("  " + line_.strip())
@@ -361,10 +470,11 @@ def main():
     ap.add_argument("--precision", default="32-true")
     ap.add_argument("--accumulate", type=int, default=1)
     ap.add_argument("--clip", type=float, default=0.0)
+    ap.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd"))
     a = ap.parse_args()
     d = Path(a.dir).resolve()
     if a.role == "python":
-        python_side(d, a.precision, a.accumulate, a.clip)
+        python_side(d, a.precision, a.accumulate, a.clip, a.optimizer)
     else:
         driver(a.worker, d)
 

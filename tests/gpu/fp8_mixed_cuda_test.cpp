@@ -28,7 +28,8 @@ using loom::fp8::Scaling;
 
 namespace {
 
-// Whether this GPU runs fp8 products (compute capability 8.9 and newer); says why not.
+// Whether this GPU runs fp8 products (compute capability 8.9 and newer); says why not, with
+// the marker that makes ctest count the test case as skipped (cmake/LoomTesting.cmake).
 bool fp8_capable() {
   loom::Fp8Mixed probe;
   try {
@@ -36,7 +37,7 @@ bool fp8_capable() {
     return true;
   } catch (const loom::Error& e) {
     CHECK_THAT(e.what(), Contains("compute capability 8.9 or newer"));
-    WARN("no fp8 on this GPU: " << e.what());
+    WARN("LOOM-SKIPPED: no fp8 on this GPU: " << e.what());
     return false;
   }
 }

@@ -67,31 +67,44 @@ def spec():
 def same(a, b, where):
     """Exact equality, types included; tensors bit for bit with their layout."""
     if isinstance(b, torch.Tensor):
-        assert isinstance(a, torch.Tensor), f"{where}: {type(a).__name__}, not a tensor"
-        assert a.dtype == b.dtype, f"{where}: dtype {a.dtype} vs {b.dtype}"
-        assert a.shape == b.shape and a.stride() == b.stride(), \
-            f"{where}: shape/stride {a.shape}/{a.stride()} vs {b.shape}/{b.stride()}"
-        assert a.storage_offset() == b.storage_offset(), f"{where}: storage offset"
-        assert a.requires_grad == b.requires_grad, f"{where}: requires_grad"
+        if not isinstance(a, torch.Tensor):
+            raise AssertionError(f"{where}: {type(a).__name__}, not a tensor")
+        if a.dtype != b.dtype:
+            raise AssertionError(f"{where}: dtype {a.dtype} vs {b.dtype}")
+        if a.shape != b.shape or a.stride() != b.stride():
+            raise AssertionError(
+                f"{where}: shape/stride {a.shape}/{a.stride()} vs {b.shape}/{b.stride()}")
+        if a.storage_offset() != b.storage_offset():
+            raise AssertionError(
+                f"{where}: storage offset {a.storage_offset()} vs {b.storage_offset()}")
+        if a.requires_grad != b.requires_grad:
+            raise AssertionError(f"{where}: requires_grad {a.requires_grad} vs {b.requires_grad}")
         ab = a.detach().contiguous().reshape(-1).view(torch.uint8) if a.numel() else a
         bb = b.detach().contiguous().reshape(-1).view(torch.uint8) if b.numel() else b
-        assert a.numel() == 0 or torch.equal(ab, bb), f"{where}: values differ"
+        if a.numel() != 0 and not torch.equal(ab, bb):
+            raise AssertionError(f"{where}: values differ: bytes {ab[:16].tolist()}... vs "
+                                 f"{bb[:16].tolist()}...")
         return
-    assert type(a) is type(b), f"{where}: {type(a).__name__} {a!r} vs {type(b).__name__} {b!r}"
+    if type(a) is not type(b):
+        raise AssertionError(f"{where}: {type(a).__name__} {a!r} vs {type(b).__name__} {b!r}")
     if isinstance(b, dict):
-        assert list(a.keys()) == list(b.keys()), f"{where}: keys {list(a)} vs {list(b)}"
+        if list(a.keys()) != list(b.keys()):
+            raise AssertionError(f"{where}: keys {list(a)} vs {list(b)}")
         for k in b:
             same(a[k], b[k], f"{where}.{k}")
     elif isinstance(b, (list, tuple)):
-        assert len(a) == len(b), f"{where}: length {len(a)} vs {len(b)}"
+        if len(a) != len(b):
+            raise AssertionError(f"{where}: length {len(a)} vs {len(b)}")
         for i, (x, y) in enumerate(zip(a, b)):
             same(x, y, f"{where}[{i}]")
     elif isinstance(b, float) and math.isnan(b):
-        assert math.isnan(a), f"{where}: {a} vs nan"
+        if not math.isnan(a):
+            raise AssertionError(f"{where}: {a} vs nan")
     elif isinstance(b, float):
-        assert a == b and math.copysign(1, a) == math.copysign(1, b), f"{where}: {a} vs {b}"
-    else:
-        assert a == b, f"{where}: {a!r} vs {b!r}"
+        if a != b or math.copysign(1, a) != math.copysign(1, b):
+            raise AssertionError(f"{where}: {a} vs {b}")
+    elif a != b:
+        raise AssertionError(f"{where}: {a!r} vs {b!r}")
 
 
 class Shell:
@@ -129,13 +142,14 @@ def write(base):
 def check(base):
     got = torch.load(base + ".loom.pt")  # the defaults: weights_only=True, no allowlist
     same(got, spec(), "loom's file")
-    assert got["row"].untyped_storage().data_ptr() == got["f32"].untyped_storage().data_ptr(), \
-        "row and f32 do not share their storage"
-    assert got["t"].untyped_storage().data_ptr() == got["f32"].untyped_storage().data_ptr()
+    for view in ("row", "t"):
+        if got[view].untyped_storage().data_ptr() != got["f32"].untyped_storage().data_ptr():
+            raise AssertionError(f"{view} and f32 do not share their storage")
     # Python's zipfile checks every record against the CRC-32 of its central directory entry.
     with zipfile.ZipFile(base + ".loom.pt") as z:
         bad = z.testzip()
-        assert bad is None, f"zipfile: the CRC-32 of {bad} in loom's file does not match"
+        if bad is not None:
+            raise AssertionError(f"zipfile: the CRC-32 of {bad} in loom's file does not match")
         n = len(z.infolist())
     print(f"checkpoint_interop: torch.load (weights_only=True) read loom's file: "
           f"{len(got)} entries equal, views share their storage; zipfile checked the CRC-32s "

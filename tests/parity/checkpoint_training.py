@@ -78,8 +78,11 @@ def check(base):
     for name, kind, g0, g1 in CASES:
         ck = torch.load(f"{base}.{name}.loom_k.pt")  # stock torch.load: weights_only=True
         final = torch.load(f"{base}.{name}.loom_final.pt")
-        assert ck["step"] == K, ck["step"]
-        assert ck["runtime"]["precision"] == "32-true"
+        if ck["step"] != K:
+            raise AssertionError(f"{name}: loom's checkpoint is at step {ck['step']!r}, want {K}")
+        if ck["runtime"]["precision"] != "32-true":
+            raise AssertionError(f"{name}: loom's checkpoint has precision "
+                                 f"{ck['runtime']['precision']!r}, want '32-true'")
         torch.set_rng_state(ck["runtime"]["device"][0]["torch"])  # the CPU generator, as saved
         m = model()
         m.load_state_dict(ck["model"])
@@ -88,7 +91,9 @@ def check(base):
         opt.load_state_dict(ck["optimizer"])
         for group, want in zip(opt.param_groups, (g0, g1)):
             for key, value in want.items():  # (LibTorch's optimizers write foreach=None)
-                assert key == "foreach" or group[key] == value, (name, key, group[key], value)
+                if key != "foreach" and group[key] != value:
+                    raise AssertionError(f"{name}: the loaded group's {key} is {group[key]!r}, "
+                                         f"loom saved it as {value!r}")
         train(m, opt, K, STEPS)
         same(final["model"], m.state_dict(), f"{name}.model")
         same(final["optimizer"]["state"], opt.state_dict()["state"], f"{name}.optimizer.state")

@@ -32,7 +32,9 @@ def main():
                                    seed=seed, drop_last=drop_last)
             s.set_epoch(epoch)
             idx = list(s)
-            assert len(idx) == len(s)
+            if len(idx) != len(s):
+                raise AssertionError(f"DistributedSampler yielded {len(idx)} indices but its "
+                                     f"len() is {len(s)} (n={n}, replicas={r}, rank={rank})")
             lines.append(f"{n} {r} {int(shuffle)} {int(drop_last)} {seed} {epoch} {rank} : "
                          + " ".join(map(str, idx)))
     with open(sys.argv[1], "w") as f:

@@ -3,8 +3,10 @@
 Runs torch.optim.SGD, Adam and AdamW with fused=True over two param groups with their own
 options, for STEPS steps of fixed random gradients (one parameter has no gradient on some
 steps), in f32 and in bf16, and writes the resolved options of every group, the initial
-parameters, every gradient, and the final parameters and per-parameter state. Every number is
-written exactly (float.hex; bf16 values widen to f32 exactly), so the C++ side compares bitwise.
+parameters, every gradient, and the final parameters and per-parameter state. Every state
+tensor is written with its own dtype and shape (Python's, so the C++ side compares loom's
+against them rather than assuming its own). Every number is written exactly (float.hex; bf16
+values widen to f32 exactly), so the C++ side compares bitwise.
 
 Usage: python optim_parity.py OUTPUT_FILE [DEVICE]      (DEVICE: cpu, the default, or cuda)
 """
@@ -52,6 +54,11 @@ def hexes(t):
     return " ".join(float.hex(float(v)) for v in t.detach().float().reshape(-1).tolist())
 
 
+def dtype_name(t):
+    """float32, bfloat16, ...: the name the C++ side compares loom's state dtype with."""
+    return str(t.dtype).removeprefix("torch.")
+
+
 def option(value):
     if isinstance(value, bool):
         return str(int(value))
@@ -62,7 +69,7 @@ def option(value):
 
 def main():
     device = torch.device(sys.argv[2] if len(sys.argv) > 2 else "cpu")
-    out = ["loom-optim-parity 1", f"device {device.type}", f"cases {len(CASES)}"]
+    out = ["loom-optim-parity 2", f"device {device.type}", f"cases {len(CASES)}"]
     for n, (name, opt_name, dtype, groups) in enumerate(CASES):
         gen = torch.Generator().manual_seed(1000 + n)
         params = [torch.randn(s, generator=gen).to(device, dtype).requires_grad_()
@@ -91,7 +98,9 @@ def main():
             st = opt.state[p]
             for key in STATE[opt_name]:
                 if key in st:
-                    out.append(f"state {i} {key} {st[key].numel()} {hexes(st[key])}")
+                    t = st[key]  # dtype ndim shape... values: Python's own, not loom's
+                    words = ["state", i, key, dtype_name(t), t.dim(), *t.shape, hexes(t)]
+                    out.append(" ".join(map(str, words)))
                 else:
                     out.append(f"state {i} {key} none")
         out.append("end")

@@ -14,6 +14,34 @@
 
 namespace loom::testing {
 
+// The fixture's names of dtypes (Python's str(dtype) without "torch.").
+inline std::string dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return "float32";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kHalf:
+      return "float16";
+    case at::kDouble:
+      return "float64";
+    case at::kLong:
+      return "int64";
+    case at::kInt:
+      return "int32";
+    default:
+      return c10::toString(t);
+  }
+}
+
+inline c10::ScalarType dtype_of(const std::string& name) {
+  for (auto t : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble, at::kLong, at::kInt}) {
+    if (dtype_name(t) == name) return t;
+  }
+  FAIL("parity fixture: unknown dtype " << name);
+  return at::kFloat;
+}
+
 // Whitespace-separated tokens of the fixture, read in order.
 class Reader {
  public:

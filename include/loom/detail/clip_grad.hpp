@@ -12,8 +12,9 @@ namespace loom::detail {
 std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params);
 
 /// Python's `_get_total_norm(grads, norm_type, foreach=True)`: one `_foreach_norm` per
-/// (device, dtype) group (first-seen order), then the norm of the stacked norms, on the first
-/// gradient's device; a 0-dim tensor, never read on the host. No gradients: a CPU f32 zero.
+/// (device, dtype) group (in the order of ATen's grouping, which Python uses), then the norm
+/// of the stacked norms, on the first gradient's device; a 0-dim tensor, never read on the
+/// host. No gradients: a CPU f32 zero.
 at::Tensor total_norm(const std::vector<at::Tensor>& grads, double norm_type);
 
 /// Python's `_clip_grads_with_norm_(grads, max_norm, total, foreach=True)`: every gradient

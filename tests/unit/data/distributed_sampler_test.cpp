@@ -141,10 +141,25 @@ TEST_CASE("DistributedSampler reshuffles per epoch and the same on every call", 
   CHECK_FALSE(s.next(3));
 }
 
-TEST_CASE("DistributedSampler takes rank and world size from a strategy", "[data]") {
+// The constructor from a strategy, in one process: SingleProcess is rank 0 of 1, and a stand-in
+// reporting rank 1 of 3 shows which of rank() and world_size() goes where. A real 2-rank
+// strategy (loom::Ddp on gloo) is checked against Python's sampler by dist.train
+// (tests/dist/worker.cpp, sampler_from_strategy).
+TEST_CASE("DistributedSampler built from SingleProcess is rank 0 of 1", "[data]") {
   loom::SingleProcess one;
   loom::DistributedSampler s(5, one, /*shuffle=*/false);
   CHECK(s.indices() == Indices{0, 1, 2, 3, 4});
+}
+
+TEST_CASE("DistributedSampler built from a strategy object takes its rank() and world_size()",
+          "[data]") {
+  struct RankOneOfThree {
+    int rank() const { return 1; }
+    int world_size() const { return 3; }
+  };
+  loom::DistributedSampler s(10, RankOneOfThree{}, /*shuffle=*/true, /*seed=*/0);
+  CHECK(s.num_samples() == 4);
+  CHECK(s.indices() == Indices{1, 3, 8, 4});  // rank 1 of the first golden row
 }
 
 TEST_CASE("DistributedSampler refuses a rank outside the world", "[data]") {

@@ -114,9 +114,13 @@ TEST_CASE("Backward, clip and a fused 16-mixed step make no host sync", "[optim]
   }
 }
 
-TEST_CASE("Clipping is Python's clip_grad_norm_(foreach=True), bit for bit", "[optim][clip]") {
-  // Python's arithmetic written out with ATen calls: per-tensor norms, the norm of their
-  // stack, coef = (norm + 1e-6).reciprocal() * max_norm (Tensor.__rtruediv__), clamped to 1.
+TEST_CASE("Clipping equals a C++ transcription of clip_grad_norm_(foreach=True), bit for bit",
+          "[optim][clip]") {
+  // Not Python itself: Python's arithmetic written out here with ATen calls (per-tensor norms,
+  // the norm of their stack, coef = (norm + 1e-6).reciprocal() * max_norm, Tensor.__rtruediv__,
+  // clamped to 1), for f32 gradients from a module's backward. The comparison with Python's
+  // own clip_grad_norm_ (dtypes, groups, non-finite norms) is clip_grad_parity_test.cpp, run
+  // by ctest as optim.clip_grad_parity; this one needs no Python.
   for (double norm_type : {2.0, 1.0, 3.0, std::numeric_limits<double>::infinity()}) {
     INFO("norm_type " << norm_type);
     torch::manual_seed(11);

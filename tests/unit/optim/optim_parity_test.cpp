@@ -2,8 +2,10 @@
 //
 // tests/parity/optim_parity.py runs each case in Python (two param groups with their own
 // options, 50 steps of fixed gradients, f32 and bf16 parameters) and writes the inputs and the
-// final parameters and state as exact hex floats. This test replays the inputs through loom's
-// optimizer and compares every final parameter and state tensor bit for bit. Hidden ([.]):
+// final parameters and state as exact hex floats, each state tensor with Python's dtype and
+// shape. This test replays the inputs through loom's optimizer, checks that each state tensor
+// has Python's dtype and shape (f32 exp_avg for bf16 parameters would fail here), and compares
+// every final parameter and state tensor bit for bit. Hidden ([.]):
 // ctest runs it as optim.parity after optim.parity.generate, with LOOM_OPTIM_PARITY_FILE set.
 #include "support/catch.hpp"
 #include "support/fixture.hpp"
@@ -21,6 +23,8 @@
 #include <loom/optim/sgd.hpp>
 
 using loom::testing::bit_mismatches;
+using loom::testing::dtype_name;
+using loom::testing::dtype_of;
 using loom::testing::make;
 using loom::testing::Reader;
 
@@ -88,6 +92,14 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name,
   return std::make_unique<loom::optim::AdamW>(groups, d);
 }
 
+std::string shape_text(at::IntArrayRef shape) {  // "[4, 3]", "[]" for a 0-dim tensor
+  std::string text = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    text += (i == 0 ? "" : ", ") + std::to_string(shape[i]);
+  }
+  return text + "]";
+}
+
 at::Tensor state_tensor(torch::optim::Optimizer& opt, const at::Tensor& p, const std::string& key) {
   auto it = opt.state().find(p.unsafeGetTensorImpl());
   if (it == opt.state().end()) return {};
@@ -114,12 +126,12 @@ TEST_CASE("loom's fused optimizers match torch.optim's fused=True bitwise over 5
   }
   Reader in(path);
   in.expect("loom-optim-parity");
-  REQUIRE(in.integer() == 1);
+  REQUIRE(in.integer() == 2);  // 2: state tensors carry Python's dtype and shape
   in.expect("device");
   const c10::Device device(in.word());  // where Python ran: cpu, or cuda (gpu-check)
   in.expect("cases");
   const auto cases = in.integer();
-  int64_t compared = 0;
+  int64_t tensors = 0, equal = 0;
   for (int64_t c = 0; c < cases; ++c) {
     in.expect("case");
     const auto name = in.word();
@@ -162,8 +174,10 @@ TEST_CASE("loom's fused optimizers match torch.optim's fused=True bitwise over 5
       REQUIRE(in.integer() == static_cast<int64_t>(i));
       auto expected = make(in.numbers(params[i].numel()), params[i].sizes(), dtype);
       CHECK(params[i].device() == device);
-      CHECK(bit_mismatches(params[i], expected) == 0);
-      ++compared;
+      const auto bad_param = bit_mismatches(params[i], expected);
+      CHECK(bad_param == 0);
+      ++tensors;
+      equal += bad_param == 0;
       const int n_keys = optimizer == "SGD" ? 1 : 4;
       for (int k = 0; k < n_keys; ++k) {
         in.expect("state");
@@ -171,21 +185,34 @@ TEST_CASE("loom's fused optimizers match torch.optim's fused=True bitwise over 5
         const auto key = in.word();
         INFO("state " << key);
         auto mine = state_tensor(*opt, params[i], key);
-        auto count = in.word();
-        if (count == "none") {
+        const auto their_dtype = in.word();
+        if (their_dtype == "none") {
           CHECK_FALSE(mine.defined());
           continue;
         }
+        // Python's own dtype and shape, compared with loom's: not assumed from loom's tensor.
+        std::vector<int64_t> their_shape(static_cast<std::size_t>(in.integer()));
+        int64_t numel = 1;
+        for (auto& d : their_shape) numel *= (d = in.integer());
+        const auto values = in.numbers(numel);
         REQUIRE(mine.defined());
-        auto values = in.numbers(std::stoll(count));
-        auto theirs = make(values, mine.sizes(), mine.scalar_type());
+        ++tensors;
+        CHECK(dtype_name(mine.scalar_type()) == their_dtype);
+        CHECK(shape_text(mine.sizes()) == shape_text(their_shape));
         CHECK(mine.device() == device);
-        CHECK(bit_mismatches(mine, theirs) == 0);
-        ++compared;
+        if (dtype_name(mine.scalar_type()) != their_dtype || mine.sizes().vec() != their_shape) {
+          continue;  // reported above; the bits of different dtypes or shapes do not compare
+        }
+        auto theirs = make(values, their_shape, dtype_of(their_dtype));
+        const auto bad = bit_mismatches(mine, theirs);
+        CHECK(bad == 0);
+        equal += bad == 0;
       }
     }
     in.expect("end");
   }
-  std::cout << "optim_parity: " << cases << " cases on " << device << ", " << compared
-            << " tensors bitwise equal to torch.optim (fused=True)\n";
+  std::cout << "optim_parity: " << cases << " cases on " << device << ", " << equal << " of "
+            << tensors
+            << " final parameters and state tensors equal to torch.optim's (fused=True) in "
+               "dtype, shape and bits\n";
 }

@@ -221,7 +221,11 @@ TEST_CASE("Loggers write files Python reads back exactly", "[.][logger][python]"
   }
   rt.teardown();
   truth << "csv " << csv->metrics_file().string() << "\n";
+  CHECK(fs::file_size(csv->metrics_file()) > 0);  // Python reads the values back
 #ifdef LOOM_TEST_TENSORBOARD
   truth << "tensorboard " << tb->log_dir().string() << "\n";
+  CHECK_FALSE(fs::is_empty(tb->log_dir()));
 #endif
+  truth.flush();
+  CHECK(truth.good());
 }
