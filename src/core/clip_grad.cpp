@@ -41,35 +41,50 @@ std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
   return grads;
 }
 
-at::Tensor total_norm(const std::vector<at::Tensor>& grads, double norm_type) {
-  if (grads.empty()) return at::zeros({}, at::kFloat);
+namespace {
+
+using Groups = std::vector<std::vector<at::Tensor>>;
+
+at::Tensor total_norm_of(const Groups& groups, const c10::Device& first_device, double norm_type) {
   std::vector<at::Tensor> norms;
-  norms.reserve(grads.size());
-  const auto first_device = grads.front().device();
-  for (const auto& group : by_device_and_dtype(grads)) {
+  for (const auto& group : groups) {
     for (auto& n : at::_foreach_norm(group, norm_type)) norms.push_back(n.to(first_device));
   }
   return at::linalg_vector_norm(at::stack(norms), norm_type);
+}
+
+void clip_groups_with_norm(const Groups& groups, double max_norm, const at::Tensor& total) {
+  // Python's `max_norm / (total_norm + 1e-6)` is `(total_norm + 1e-6).reciprocal() * max_norm`
+  // (Tensor.__rtruediv__); then clamped to 1, so gradients are never scaled up.
+  const at::Tensor coef = at::clamp_max((total + 1e-6).reciprocal() * max_norm, 1.0);
+  for (const auto& group : groups) {
+    at::_foreach_mul_(group, coef.to(group.front().device()));
+  }
+}
+
+}  // namespace
+
+at::Tensor total_norm(const std::vector<at::Tensor>& grads, double norm_type) {
+  if (grads.empty()) return at::zeros({}, at::kFloat);
+  return total_norm_of(by_device_and_dtype(grads), grads.front().device(), norm_type);
 }
 
 void clip_grads_with_norm(const std::vector<at::Tensor>& grads, double max_norm,
                           const at::Tensor& total) {
   if (grads.empty()) return;
   at::NoGradGuard no_grad;
-  // Python's `max_norm / (total_norm + 1e-6)` is `(total_norm + 1e-6).reciprocal() * max_norm`
-  // (Tensor.__rtruediv__); then clamped to 1, so gradients are never scaled up.
-  const at::Tensor coef = at::clamp_max((total + 1e-6).reciprocal() * max_norm, 1.0);
-  for (const auto& group : by_device_and_dtype(grads)) {
-    at::_foreach_mul_(group, coef.to(group.front().device()));
-  }
+  clip_groups_with_norm(by_device_and_dtype(grads), max_norm, total);
 }
 
 at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
                           double norm_type) {
   at::NoGradGuard no_grad;
   const auto grads = grads_of(params);
-  at::Tensor total = total_norm(grads, norm_type);
-  clip_grads_with_norm(grads, max_norm, total);
+  if (grads.empty()) return at::zeros({}, at::kFloat);
+  // One grouping for the norm and the scaling (each step's clip: one ATen map, not two).
+  const Groups groups = by_device_and_dtype(grads);
+  at::Tensor total = total_norm_of(groups, grads.front().device(), norm_type);
+  clip_groups_with_norm(groups, max_norm, total);
   return total;
 }
 
