@@ -378,12 +378,12 @@ elseif(CHECK STREQUAL "layering")
         fail("${h} includes ${inc}: state/ includes only state/, optim/, checkpoint/, detail/module.hpp, detail/module_tensors.hpp, detail/checkpoint_files.hpp, detail/message_of.hpp, error.hpp and state_dict.hpp")
       endif()
       if(NOT h MATCHES "^loom/(state/|loom\\.hpp$)" AND inc MATCHES "^loom/state/" AND
-         NOT inc MATCHES "^loom/state/(state_dict|reader)\\.hpp$")
-        fail("${h} includes ${inc}: outside state/, only state/state_dict.hpp and state/reader.hpp are included")
+         NOT inc MATCHES "^loom/state/(state_dict|reader|load_options)\\.hpp$")
+        fail("${h} includes ${inc}: outside state/, only state/state_dict.hpp, state/reader.hpp and state/load_options.hpp are included")
       endif()
       if(h STREQUAL "loom/runtime.hpp" AND
          inc MATCHES "^loom/(state/|checkpoint/)" AND
-         NOT inc MATCHES "^loom/(checkpoint/checkpoint_io|state/state_dict|state/reader)\\.hpp$")
+         NOT inc MATCHES "^loom/(checkpoint/checkpoint_io|state/state_dict|state/reader|state/load_options)\\.hpp$")
         fail("${h} includes ${inc}: runtime.hpp holds no file format (of state/ and checkpoint/ only state/state_dict.hpp, state/reader.hpp and checkpoint/checkpoint_io.hpp)")
       endif()
       if(h MATCHES "^loom/detail/.*_rows\\.hpp$" AND

@@ -361,7 +361,7 @@ Result train(RT& rt, const Options& o) {
   }
   const int64_t last = o.max_steps >= 0 ? std::min(o.steps, o.max_steps) : o.steps;
   loom::StopSignal stop;
-  loom::ProgressBar progress(last - step, 50);
+  loom::ProgressBar progress(last, 50, "train", {.initial = step});  // a resumed run's step
   loom::SpeedMonitor speed({.window_size = 20});
   auto save = [&](bool in_background = false) {
     if (ckpt) ckpt->save(rt, step, state, {.sync = true, .async = in_background});
@@ -388,7 +388,7 @@ Result train(RT& rt, const Options& o) {
     rt.log_dict({{"train/loss", step_loss}, {"train/grad_norm", norm.tensor()}, {"lr", lr}}, step);
     rt.log_dict(speed.step(o.batch_size * o.accumulate), step);
     ++step;
-    progress.step(o.batch_size * o.accumulate, step_loss.template item<double>());
+    progress.step(o.batch_size * o.accumulate, step_loss);  // read only when printed
     if (step % o.checkpoints.every == 0 && step < last) save(o.checkpoints.async_save);
     if (stop.should_stop(rt)) {
       progress.finish();

@@ -29,4 +29,13 @@ class CheckpointMismatch : public Error {
   using Error::Error;
 };
 
+/// A collective that failed: a rank died or hung past the timeout, the network broke, or the
+/// ranks called different collectives (one rank saved a checkpoint, the others trained on).
+/// Every later collective of the group fails with it too. rt.load and loom::Checkpoints pass
+/// it on as it is: it says nothing about the file.
+class CollectiveError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace loom

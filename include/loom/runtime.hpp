@@ -30,6 +30,7 @@
 //   teardown  loggers flushed, p.teardown -> s.teardown -> d.teardown        all three
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <initializer_list>
@@ -37,11 +38,13 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
 
 #include <loom/batch/walk.hpp>
@@ -118,7 +121,10 @@ class Runtime {
   /// The scope to create tensors in: floating factories give the precision's dtype.
   [[nodiscard]] auto tensor_init_context() { return precision_.tensor_init_context(); }
   /// The forward scope (autocast or default dtype) bound to this runtime's device.
-  [[nodiscard]] auto forward_context() { return device_.precision_context(precision_); }
+  [[nodiscard]] auto forward_context() {
+    forwards_.opened();  // rt.forward opens it too
+    return device_.precision_context(precision_);
+  }
 
   /// Prepares the device, converts the module's weights, moves them to the device, then
   /// hands the module to the strategy (Ddp: shapes checked, rank 0's weights broadcast).
@@ -205,6 +211,15 @@ class Runtime {
   template <class M>
   at::Tensor backward(const at::Tensor& loss, M& module) {
     torch::nn::Module& m = detail::as_module(module);
+    if (forwards_.first_direct_backward()) [[unlikely]] {
+      TORCH_WARN(
+          "loom::Runtime::backward: no rt.forward ran since the last optimizer step, "
+          "so the model was called directly and ",
+          precision_name(),
+          "'s autocast was off: the forward ran in the weights' dtype, not the "
+          "precision's. Call the model through rt.forward(model, inputs...) (or "
+          "inside rt.forward_context()); this warning is given once");
+    }
     at::Tensor l = precision_.pre_backward(loss, m);
     strategy_.backward(l, [&] { precision_.backward(l, m); });
     return precision_.post_backward(l, m);
@@ -214,6 +229,7 @@ class Runtime {
   /// gradients). Under 16-mixed with a loom::optim optimizer the answer stays on the device
   /// until read (StepResult): the step itself makes no host sync.
   StepResult optimizer_step(torch::optim::Optimizer& optimizer) {
+    forwards_.stepped();
     agree_before_step();
     const std::reference_wrapper<torch::optim::Optimizer> one[] = {optimizer};
     return strategy_.optimizer_step(
@@ -230,6 +246,7 @@ class Runtime {
   /// or an optimizer named twice is a loom::Error.
   std::vector<StepResult> optimizer_step(Optimizers optimizers) {
     detail::check_distinct(optimizers);
+    forwards_.stepped();
     agree_before_step();
     return strategy_.optimizer_step(
         optimizers,
@@ -321,7 +338,8 @@ class Runtime {
   /// load_checkpoint with tensors mapped to this runtime's device, and returns what the file
   /// holds beyond `state`. With `strict` (the default) a name missing from the file, and in a
   /// module a missing or unexpected key or a mismatched shape, is a loom::Error naming the
-  /// key; without it, missing names and keys are warned about and skipped. Model and
+  /// key; without it, missing names and keys are warned about and skipped. A file another
+  /// number of ranks wrote needs LoadOptions::world_size_may_change (the overload below). Model and
   /// optimizer states load under any precision (cast to the parameters' dtypes); the
   /// precision's own state only under its own precision. A file that cannot be read whole
   /// throws loom::CheckpointUnreadable; one that reads but does not fit `state` or this
@@ -331,7 +349,12 @@ class Runtime {
   StateDict load(const std::filesystem::path& path,
                  const S& state,  // loom::State: #include <loom/state/checkpoint.hpp>
                  bool strict = true) {
-    return detail::checkpoint_files<S>::load(*this, path, state, strict);
+    return load(path, state, LoadOptions{.strict = strict});
+  }
+  /// rt.load with all of its settings (state/load_options.hpp).
+  template <class S = State>
+  StateDict load(const std::filesystem::path& path, const S& state, const LoadOptions& options) {
+    return detail::checkpoint_files<S>::load(*this, path, state, options);
   }
 
   /// Adds a logger that log, log_dict and log_hyperparams feed (Fabric's `loggers=`).
@@ -390,6 +413,24 @@ class Runtime {
   [[no_unique_address]] Strategy strategy_;
   Loggers loggers_;
   bool set_up_ = false;  // setup has run: forward refuses to run before it, on every strategy
+  // Under a precision whose forward runs in autocast: whether a forward scope opened since the
+  // last step, so that a backward after a direct model call (autocast off) is warned about, once.
+  // Other precisions hold nothing for it.
+  struct ForwardCount {  // two flags: they fit in set_up_'s padding (no bigger runtime)
+    bool opened_since_step = false;
+    bool warned = false;
+    void opened() { opened_since_step = true; }
+    void stepped() { opened_since_step = false; }
+    bool first_direct_backward() { return !opened_since_step && !std::exchange(warned, true); }
+  };
+  struct NoForwardCount {
+    void opened() {}
+    void stepped() {}
+    bool first_direct_backward() { return false; }
+  };
+  [[no_unique_address]] std::conditional_t<Precision::precision().ends_with("-mixed"), ForwardCount,
+                                           NoForwardCount>
+      forwards_;
 };
 
 }  // namespace loom

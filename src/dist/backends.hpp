@@ -15,6 +15,16 @@ namespace loom::dist::detail {
 c10::intrusive_ptr<c10d::Backend> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                             int world_size, std::chrono::milliseconds timeout);
 
+/// c10d's ProcessGroupWrapper around `backend`, as Python's init_process_group builds it under
+/// TORCH_DISTRIBUTED_DEBUG=DETAIL: before each collective, a helper ProcessGroupGloo on
+/// `store` runs a monitored barrier and compares the collective's fingerprint (operation,
+/// sequence number, shapes, dtypes) across the ranks, so that ranks calling different
+/// collectives fail at once on every rank, naming both.
+c10::intrusive_ptr<c10d::Backend> wrap_for_debug(const c10::intrusive_ptr<c10d::Backend>& backend,
+                                                 const c10::intrusive_ptr<c10d::Store>& store,
+                                                 int rank, int world_size,
+                                                 std::chrono::milliseconds timeout);
+
 /// A ProcessGroupNCCL on `store` for `device` (the current CUDA device is set first); throws
 /// loom::Error when loom::dist was built without NCCL.
 c10::intrusive_ptr<c10d::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,

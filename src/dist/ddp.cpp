@@ -27,6 +27,7 @@
 #include <c10/util/StringUtil.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/generated/variable_factories.h>
+#include <torch/csrc/distributed/c10d/debug.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/nn/module.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -256,25 +257,47 @@ namespace {
 [[noreturn]] void throw_failure(detail::DdpState& s, std::string_view what,
                                 std::exception_ptr error) {
   const std::string text = loom::detail::message_of(error);
-  if (!is_communication_error(error)) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const CollectiveError&) {
+    throw;  // already said
+  } catch (...) {
+  }
+  // c10d's ProcessGroupWrapper (TORCH_DISTRIBUTED_DEBUG=DETAIL) compares each collective's
+  // fingerprint across the ranks before running it: a mismatch is the ranks' misuse, found
+  // on every rank, and the group cannot go on.
+  if (text.find("Detected mismatch between collectives") != std::string::npos) {
+    s.failed = true;
+    s.abandon();
+    throw CollectiveError(s.name + ": " + std::string(what) + " on rank " +
+                          std::to_string(s.env.rank) + " of " + std::to_string(s.env.world_size) +
+                          ": the ranks called different collectives (TORCH_DISTRIBUTED_DEBUG="
+                          "DETAIL compared them): " +
+                          text);
+  }
+  // The wrapper's monitored barrier failing (a rank that never came) is a communication error.
+  const bool wrapper = text.find("ProcessGroupWrapper") != std::string::npos;
+  if (!wrapper && !is_communication_error(error)) {
     std::string hint;
     if (text.find("Expected to have finished reduction") != std::string::npos) {
       hint =
           " (a parameter got no gradient: set loom::DdpOptions::find_unused_parameters, or "
           "make every parameter take part in the loss)";
     }
-    throw Error("loom::Ddp: " + std::string(what) + " on rank " + std::to_string(s.env.rank) +
+    throw Error(s.name + ": " + std::string(what) + " on rank " + std::to_string(s.env.rank) +
                 " of " + std::to_string(s.env.world_size) + ": " + text + hint);
   }
   s.failed = true;
   s.abandon();
-  throw Error("loom::Ddp: " + std::string(what) + " failed on rank " + std::to_string(s.env.rank) +
-              " of " + std::to_string(s.env.world_size) + " processes (timeout " +
-              seconds(s.options.timeout) + "): " + text +
-              ". Another rank has died, hung for longer than the timeout or stopped calling "
-              "collectives: check the other ranks' output (torchrun names the rank that failed "
-              "first), that every rank runs the same number of steps (a DistributedSampler "
-              "gives each the same count), and loom::DdpOptions::timeout");
+  throw CollectiveError(
+      s.name + ": " + std::string(what) + " failed on rank " + std::to_string(s.env.rank) + " of " +
+      std::to_string(s.env.world_size) + " processes (timeout " + seconds(s.options.timeout) +
+      "): " + text +
+      ". Another rank has died, hung for longer than the timeout or stopped calling "
+      "collectives: check the other ranks' output (torchrun names the rank that failed "
+      "first), that every rank runs the same number of steps (a DistributedSampler "
+      "gives each the same count), and loom::DdpOptions::timeout (TORCH_DISTRIBUTED_DEBUG="
+      "DETAIL makes ranks that call different collectives fail at once, naming both)");
 }
 
 // Ddp::setup's phases, in the order setup calls them.
@@ -283,20 +306,20 @@ namespace {
 /// else the device's) and the device, refusing a backend loom cannot connect.
 void choose_backend(detail::DdpState& s, c10::Device device, std::string_view backend) {
   if (s.module) {
-    throw Error(
-        "loom::Ddp: setup() was called a second time; one Ddp wraps one module "
-        "(use one runtime per model)");
+    throw Error(s.name +
+                ": setup() was called a second time; one Ddp wraps one module "
+                "(use one runtime per model)");
   }
-  if (s.failed) throw Error("loom::Ddp: a collective failed earlier; the group is gone");
+  if (s.failed) throw CollectiveError(s.name + ": a collective failed earlier; the group is gone");
   s.backend = s.options.backend ? *s.options.backend : std::string(backend);
   s.device_type = device.type();
   s.device = device;
   if (s.backend != "gloo" && s.backend != "nccl") {
-    throw Error("loom::Ddp: the backend \"" + s.backend +
+    throw Error(s.name + ": the backend \"" + s.backend +
                 "\" is not available; loom::Ddp runs on \"gloo\" (CPU, CUDA) and \"nccl\" (CUDA)");
   }
   if (s.backend == "nccl" && device.type() != c10::kCUDA) {
-    throw Error("loom::Ddp: the nccl backend needs a CUDA device, not " + device.str());
+    throw Error(s.name + ": the nccl backend needs a CUDA device, not " + device.str());
   }
 }
 
@@ -308,7 +331,8 @@ struct ReducedParameters {
 
 /// Those that require a gradient, each once, in Python's order (modules in pre-order, each
 /// module's own parameters); none is an error.
-ReducedParameters collect_reduced_parameters(torch::nn::Module& module) {
+ReducedParameters collect_reduced_parameters(torch::nn::Module& module,
+                                             const std::string& strategy) {
   ReducedParameters r;
   std::unordered_set<const void*> seen;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
@@ -318,9 +342,9 @@ ReducedParameters collect_reduced_parameters(torch::nn::Module& module) {
     r.params.push_back(p);
   }
   if (r.params.empty()) {
-    throw Error(
-        "loom::Ddp: the module has no parameter that requires a gradient; data "
-        "parallelism has nothing to synchronize");
+    throw Error(strategy +
+                ": the module has no parameter that requires a gradient; data "
+                "parallelism has nothing to synchronize");
   }
   return r;
 }
@@ -371,7 +395,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const detail::DdpState& s) {
     std::string text = loom::detail::message_of(std::current_exception());
     while (!text.empty() && (text.back() == '.' || text.back() == '\n')) text.pop_back();
     const bool server = s.env.rank == 0 && !s.env.agent_store;
-    throw Error("loom::Ddp: rank " + std::to_string(s.env.rank) + " of " +
+    throw Error(s.name + ": rank " + std::to_string(s.env.rank) + " of " +
                 std::to_string(s.env.world_size) +
                 (server ? " could not host the rendezvous store on "
                         : " could not join the "
@@ -392,17 +416,30 @@ void connect_process_group(detail::DdpState& s, const c10::intrusive_ptr<c10d::S
         "0/", c10::make_intrusive<c10d::PrefixStore>("default_pg", store));
     s.group = c10::make_intrusive<c10d::ProcessGroup>(group_store, s.env.rank, s.env.world_size);
     using Type = c10d::ProcessGroup::BackendType;
+    // Python's switch, read as torch.distributed reads it at import.
+    c10d::setDebugLevelFromEnvironment();
+    const bool compare_collectives = c10d::debug_level() == c10d::DebugLevel::Detail;
+    auto checked = [&](c10::intrusive_ptr<c10d::Backend> b, const std::string& prefix) {
+      if (!compare_collectives) return b;
+      return detail::wrap_for_debug(
+          b, c10::make_intrusive<c10d::PrefixStore>(prefix + "wrapper/", group_store), s.env.rank,
+          s.env.world_size, timeout);
+    };
     if (s.backend == "gloo") {
-      auto b = detail::make_gloo(
-          c10::make_intrusive<c10d::PrefixStore>(device.is_cuda() ? "cuda/" : "cpu/", group_store),
-          s.env.rank, s.env.world_size, timeout);
+      const std::string prefix = device.is_cuda() ? "cuda/" : "cpu/";
+      auto b =
+          checked(detail::make_gloo(c10::make_intrusive<c10d::PrefixStore>(prefix, group_store),
+                                    s.env.rank, s.env.world_size, timeout),
+                  prefix);
       s.group->setDefaultBackend(Type::GLOO);
       s.group->setBackend(c10::kCPU, Type::GLOO, b);
       if (device.is_cuda()) s.group->setBackend(c10::kCUDA, Type::GLOO, b);
     } else {
       s.group->setBoundDeviceId(device);
-      auto b = detail::make_nccl(c10::make_intrusive<c10d::PrefixStore>("cuda/", group_store),
-                                 s.env.rank, s.env.world_size, timeout, device);
+      auto b =
+          checked(detail::make_nccl(c10::make_intrusive<c10d::PrefixStore>("cuda/", group_store),
+                                    s.env.rank, s.env.world_size, timeout, device),
+                  "cuda/");
       s.group->setDefaultBackend(Type::NCCL);
       s.group->setBackend(c10::kCUDA, Type::NCCL, b);
     }
@@ -441,7 +478,7 @@ void check_same_parameters_on_every_rank(detail::DdpState& s,
   }
   for (int r = 0; r < s.env.world_size; ++r) {
     if (!torch::equal(prints[static_cast<std::size_t>(r)], prints[0])) {
-      throw Error("loom::Ddp: the ranks' models differ: rank " + std::to_string(r) + "'s " +
+      throw Error(s.name + ": the ranks' models differ: rank " + std::to_string(r) + "'s " +
                   std::to_string(prints[static_cast<std::size_t>(r)][0].item<std::int64_t>()) +
                   " parameters do not have rank 0's shapes (every rank must build the same "
                   "model); this rank's (" +
@@ -455,10 +492,10 @@ void check_same_parameters_on_every_rank(detail::DdpState& s,
     if (is_communication_error(error)) {
       throw_failure(s, "checking the parameters across ranks", error);
     }
-    throw Error(
-        "loom::Ddp: the ranks' models differ (their parameters must have the same "
-        "count, shapes and strides on every rank): " +
-        loom::detail::message_of(error));
+    throw Error(s.name +
+                ": the ranks' models differ (their parameters must have the same "
+                "count, shapes and strides on every rank): " +
+                loom::detail::message_of(error));
   }
 }
 
@@ -496,7 +533,7 @@ void register_comm_hook(detail::DdpState& s) {
     case CommHook::Kind::User: {
       auto made = hook.factory()(s.group);
       if (!made) {
-        throw Error("loom::Ddp: the communication hook \"" + hook.name() +
+        throw Error(s.name + ": the communication hook \"" + hook.name() +
                     "\"'s factory returned no hook");
       }
       s.logger->set_comm_hook(hook.name());
@@ -550,7 +587,7 @@ void Ddp::fail(std::string_view what, std::exception_ptr error) {
 void Ddp::setup(torch::nn::Module& module, c10::Device device, std::string_view backend) {
   auto& s = *state_;
   choose_backend(s, device, backend);
-  ReducedParameters reduced = collect_reduced_parameters(module);
+  ReducedParameters reduced = collect_reduced_parameters(module, s.name);
   s.module = &module;
   if (s.env.single_process) return;  // one process: nothing to connect or reduce
   ignore_default_sigpipe();
@@ -605,11 +642,11 @@ bool syncs_buffers_before_forward(const detail::DdpState& s) {
 void Ddp::pre_forward() {
   auto& s = *state_;
   if (!s.module) {
-    throw Error(
-        "loom::Ddp: forward before setup; call rt.setup(model) first (it connects the "
-        "process group and broadcasts rank 0's weights)");
+    throw Error(s.name +
+                ": forward before setup; call rt.setup(model) first (it connects the "
+                "process group and broadcasts rank 0's weights)");
   }
-  if (s.torn_down) throw Error("loom::Ddp: forward after teardown(); the group is shut down");
+  if (s.torn_down) throw Error(s.name + ": forward after teardown(); the group is shut down");
   if (!s.reducer) return;
   bool others_joined = false;
   try {
@@ -642,7 +679,7 @@ void Ddp::pre_forward() {
     fail("the reducer's work before forward", std::current_exception());
   }
   if (others_joined) {
-    throw Error("loom::Ddp::join: rank " + std::to_string(s.env.rank) +
+    throw Error(s.name + "::join: rank " + std::to_string(s.env.rank) +
                 " found that another rank has run out of inputs "
                 "(JoinOptions::throw_on_early_termination)");
   }
@@ -663,9 +700,9 @@ JoinGuard::~JoinGuard() noexcept(false) {
 JoinGuard Ddp::join(JoinOptions options) {
   auto& s = *state_;
   if (!s.module) {
-    throw Error("loom::Ddp::join: call rt.setup(model) first; join needs the reducer it builds");
+    throw Error(s.name + "::join: call rt.setup(model) first; join needs the reducer it builds");
   }
-  if (s.joining) throw Error("loom::Ddp::join: already inside a join scope");
+  if (s.joining) throw Error(s.name + "::join: already inside a join scope");
   if (!s.reducer) return JoinGuard(nullptr);  // one process: nobody to wait for
   s.joining = true;
   s.join_options = options;
@@ -710,7 +747,7 @@ void Ddp::finish_join() {
         at::Tensor ones = flag(s, 1);
         sum_all_reduce(s, ones);
         s.joining = false;
-        throw Error("loom::Ddp::join: rank " + std::to_string(s.env.rank) +
+        throw Error(s.name + "::join: rank " + std::to_string(s.env.rank) +
                     " has run out of inputs before the others "
                     "(JoinOptions::throw_on_early_termination)");
       }
@@ -732,6 +769,7 @@ void Ddp::finish_join() {
 void Ddp::prepare_backward(const at::Tensor& loss) {
   auto& s = *state_;
   if (!s.reducer || !at::GradMode::is_enabled()) return;
+  detail::record_backward(s, s.sync);
   if (!s.sync) {
     s.forward_param_sync = false;
     return;
@@ -761,14 +799,27 @@ void Ddp::prepare_backward(const at::Tensor& loss) {
 
 NoSyncGuard Ddp::no_sync() { return NoSyncGuard(state_.get()); }
 
+void Ddp::check_step_synchronized() { detail::check_step_synchronized(*state_); }
+
+void detail::check_step_synchronized(DdpState& s) {
+  const int backwards = std::exchange(s.backwards_since_step, 0);
+  const bool synced = std::exchange(s.synced_since_step, false);
+  if (!s.group || s.env.world_size <= 1 || backwards == 0 || synced) return;
+  throw Error(s.name + "::optimizer_step: none of the " + std::to_string(backwards) +
+              " backward pass(es) since the last step reduced the gradients (each ran under "
+              "rt.no_backward_sync), so every rank would step on its own gradients and the "
+              "replicas would drift apart. Let the last micro-batch's backward run outside "
+              "the scope: rt.no_backward_sync(model, /*enabled=*/i + 1 < micro_batches)");
+}
+
 namespace {
 void require_group(const detail::DdpState& s, std::string_view what) {
   if (!s.group && !s.env.single_process) {
-    throw Error("loom::Ddp::" + std::string(what) +
+    throw Error(s.name + "::" + std::string(what) +
                 ": call rt.setup(model) first; it connects the process group for the device's "
                 "backend");
   }
-  if (s.failed) throw Error("loom::Ddp: a collective failed earlier; the group is gone");
+  if (s.failed) throw CollectiveError(s.name + ": a collective failed earlier; the group is gone");
 }
 }  // namespace
 
@@ -797,14 +848,14 @@ void Ddp::all_reduce(at::Tensor& t, ReduceOp op) {
   auto& s = *state_;
   require_group(s, "all_reduce");
   if (op == ReduceOp::Mean && !at::isFloatingType(t.scalar_type())) {
-    throw Error("loom::Ddp::all_reduce: ReduceOp::Mean needs a floating tensor, not " +
+    throw Error(s.name + "::all_reduce: ReduceOp::Mean needs a floating tensor, not " +
                 std::string(c10::toString(t.scalar_type())));
   }
   if (!s.group) return;
   if (!t.is_contiguous()) {
-    throw Error(
-        "loom::Ddp::all_reduce: the tensor must be contiguous (reduce into a "
-        ".contiguous() copy)");
+    throw Error(s.name +
+                "::all_reduce: the tensor must be contiguous (reduce into a "
+                ".contiguous() copy)");
   }
   try {
     std::vector<at::Tensor> tensors{t};
@@ -821,11 +872,11 @@ void Ddp::broadcast(at::Tensor& t, int src) {
   auto& s = *state_;
   require_group(s, "broadcast");
   if (src < 0 || src >= s.env.world_size) {
-    throw Error("loom::Ddp::broadcast: source rank " + std::to_string(src) + " is not in [0, " +
+    throw Error(s.name + "::broadcast: source rank " + std::to_string(src) + " is not in [0, " +
                 std::to_string(s.env.world_size - 1) + "]");
   }
   if (!s.group) return;
-  if (!t.is_contiguous()) throw Error("loom::Ddp::broadcast: the tensor must be contiguous");
+  if (!t.is_contiguous()) throw Error(s.name + "::broadcast: the tensor must be contiguous");
   try {
     std::vector<at::Tensor> tensors{t};
     c10d::BroadcastOptions o;
@@ -856,7 +907,7 @@ c10::IValue Ddp::broadcast_ivalue(const c10::IValue& value, int src) {
   auto& s = *state_;
   require_group(s, "broadcast_object");
   if (src < 0 || src >= s.env.world_size) {
-    throw Error("loom::Ddp::broadcast_object: source rank " + std::to_string(src) +
+    throw Error(s.name + "::broadcast_object: source rank " + std::to_string(src) +
                 " is not in [0, " + std::to_string(s.env.world_size - 1) + "]");
   }
   if (!s.group) return value;

@@ -18,6 +18,8 @@ namespace loom::dist {
 namespace detail {
 
 struct DdpState {
+  /// The strategy errors name: "loom::Ddp", or "loom::Zero" for the Ddp a Zero builds on.
+  std::string name = "loom::Ddp";
   DdpOptions options;
   Environment env;
   std::string backend;
@@ -33,6 +35,10 @@ struct DdpState {
   bool joining = false;                  // inside a JoinGuard's scope
   JoinOptions join_options;
   bool failed = false;
+  /// Backward passes since the last optimizer step, and whether one of them reduced the
+  /// gradients (ran outside no_sync): optimizer_step refuses a step on local gradients.
+  int backwards_since_step = 0;
+  bool synced_since_step = false;
   /// Build the reducer in setup (loom::Zero's stage 2 reduces the gradients itself).
   bool reduce_gradients = true;
   bool torn_down = false;
@@ -62,6 +68,16 @@ struct DdpState {
 }  // namespace detail
 
 namespace detail {
+
+/// A backward pass ran, `synced` when it reduced the gradients.
+inline void record_backward(DdpState& s, bool synced) {
+  ++s.backwards_since_step;
+  s.synced_since_step = s.synced_since_step || synced;
+}
+
+/// Before an optimizer step: throws loom::Error when backward passes ran since the last step
+/// and none of them reduced the gradients (every one under no_sync); then starts counting anew.
+void check_step_synchronized(DdpState& s);
 
 /// loom::Zero's view of the Ddp it builds on.
 struct DdpAccess {

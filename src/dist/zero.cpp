@@ -249,6 +249,7 @@ Zero::Zero(ZeroOptions options)
   }
   if (options_.bucket_bytes == 0) throw Error("loom::Zero: ZeroOptions::bucket_bytes must be > 0");
   DdpAccess::state(ddp_).reduce_gradients = options_.stage == 1;
+  DdpAccess::state(ddp_).name = "loom::Zero";
 }
 
 Zero::Zero(Zero&&) noexcept = default;
@@ -382,6 +383,7 @@ void Zero::pre_forward() {
 
 void Zero::reduce_gradients() {
   auto& z = *state_;
+  if (at::GradMode::is_enabled()) detail::record_backward(DdpAccess::state(ddp_), z.armed);
   if (!z.armed) return;  // one process, or a forward under no_sync
   at::NoGradGuard no_grad;
   try {
@@ -396,6 +398,7 @@ void Zero::before_step(Optimizers optimizers) {
   if (z.module == nullptr) {
     throw Error("loom::Zero: optimizer_step before setup; call rt.setup(model, optimizer) first");
   }
+  detail::check_step_synchronized(DdpAccess::state(ddp_));
   for (std::size_t i = 0; i < optimizers.size(); ++i) {
     torch::optim::Optimizer& o = optimizers[i];
     if (amp::unscales_itself(o)) {

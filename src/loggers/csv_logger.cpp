@@ -201,15 +201,67 @@ fs::path detail::make_log_dir(const fs::path& root, const LogDirOptions& o, int6
   return dir;
 }
 
+fs::path detail::switch_log_dir(const fs::path& current, int64_t version, const char* owner) {
+  if (version < 0) throw Error(std::string(owner) + ": a resumed version must be >= 0");
+  const fs::path dir = current.parent_path() / ("version_" + std::to_string(version));
+  std::error_code ec;
+  if (dir == current) return dir;
+  if (fs::is_directory(current, ec) && fs::is_empty(current, ec)) fs::remove(current, ec);
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(std::string(owner) + ": cannot create " + dir.string() + ": " + ec.message());
+  return dir;
+}
+
 CsvLogger::CsvLogger(fs::path root_dir, const LogDirOptions& options)
     : Logger(LoggerOptions{options.flush_every, options.rank}),
-      log_dir_(detail::make_log_dir(root_dir, options, version_, writes(), "loom::CsvLogger")) {
+      log_dir_(detail::make_log_dir(root_dir, options, version_, writes(), "loom::CsvLogger")),
+      continue_on_resume_(options.continue_on_resume) {
   if (!writes()) return;
   if (fs::exists(metrics_file())) {  // a version given again: go on after its rows
     std::ifstream in(metrics_file(), std::ios::binary);
     std::vector<std::string> header;
     if (read_record(in, header) && !(header.size() == 1 && header[0].empty())) keys_ = header;
   }
+}
+
+void CsvLogger::continue_version(int64_t version, int64_t step) {
+  if (!writes() || !continue_on_resume_) return;
+  flush();
+  log_dir_ = detail::switch_log_dir(log_dir_, version, "loom::CsvLogger");
+  version_ = version;
+  keys_.clear();
+  const auto path = metrics_file();
+  if (!fs::exists(path)) return;
+  // The rows of steps after `step`, written after the checkpoint and before the stop, go:
+  // the resumed run logs those steps again.
+  std::ostringstream text;
+  std::vector<std::string> header, fields;
+  {
+    std::ifstream in(path, std::ios::binary);
+    if (!read_record(in, header) || (header.size() == 1 && header[0].empty())) return;
+    const auto s = std::find(header.begin(), header.end(), "step") - header.begin();
+    write_line(text, header);
+    while (read_record(in, fields)) {
+      const auto at = static_cast<std::size_t>(s);
+      if (at < fields.size() && !fields[at].empty() &&
+          fields[at].find_first_not_of("0123456789-") == std::string::npos &&
+          std::stoll(fields[at]) > step) {
+        continue;
+      }
+      write_line(text, fields);
+    }
+  }
+  const fs::path tmp(path.string() + ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text.str();
+    out.flush();
+    if (!out) throw Error("loom::CsvLogger: cannot write " + tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw Error("loom::CsvLogger: cannot write " + path.string() + ": " + ec.message());
+  keys_ = header;
 }
 
 void CsvLogger::write_rows(const std::vector<Row>& rows) {

@@ -41,6 +41,7 @@ Logger::Logger(const LoggerOptions& options)
 
 void Logger::add_row(Row row) {
   const int64_t step = row.step;
+  last_step_ = std::max(last_step_, step);
   for (auto& [name, v] : row.values) {
     if (v.tensor_.defined()) {  // a snapshot on the tensor's device: a copy, no sync
       v.tensor_ = v.tensor_.detach().reshape({}).to(at::kDouble, /*non_blocking=*/false,

@@ -50,8 +50,34 @@ std::string host_name() {
 TensorBoardLogger::TensorBoardLogger(fs::path root_dir, const LogDirOptions& options)
     : Logger(LoggerOptions{options.flush_every, options.rank}),
       log_dir_(
-          detail::make_log_dir(root_dir, options, version_, writes(), "loom::TensorBoardLogger")) {
+          detail::make_log_dir(root_dir, options, version_, writes(), "loom::TensorBoardLogger")),
+      continue_on_resume_(options.continue_on_resume) {
   if (!writes()) return;
+  open_event_file();
+}
+
+void TensorBoardLogger::continue_version(int64_t version, int64_t step) {
+  if (!writes() || !continue_on_resume_) return;
+  flush();
+  if (version != version_) {
+    if (out_ != nullptr) std::fclose(out_);
+    out_ = nullptr;
+    std::error_code ec;
+    if (!wrote_rows_) fs::remove(file_, ec);  // only its first event: nothing to keep
+    log_dir_ = detail::switch_log_dir(log_dir_, version, "loom::TensorBoardLogger");
+    version_ = version;
+    open_event_file();
+  }
+  // SummaryWriter(purge_step): a START session log at the first step to come.
+  tensorboard::Event purge;
+  purge.set_wall_time(now_s());
+  purge.set_step(step + 1);
+  purge.mutable_session_log()->set_status(tensorboard::SessionLog::START);
+  write_record(purge.SerializeAsString());
+  sync_file();
+}
+
+void TensorBoardLogger::open_event_file() {
   const double t = now_s();
   char name[64];
   std::snprintf(name, sizeof name, "events.out.tfevents.%010lld.", static_cast<long long>(t));
@@ -93,6 +119,7 @@ void TensorBoardLogger::write_record(const std::string& data) {
 }
 
 void TensorBoardLogger::write_rows(const std::vector<Row>& rows) {
+  wrote_rows_ = wrote_rows_ || !rows.empty();
   tensorboard::Event e;
   for (const auto& row : rows) {
     for (const auto& [name, v] : row.values) {

@@ -21,6 +21,12 @@
 // (sleeping T ms, so that a test can catch it mid-run) and its pid and attempt at the start.
 // async=1 saves with {.async = true} (a background write; waited for at the end); with big_mb
 // the big tensor holds the step's number when it is saved, and changes right after.
+// resize=1 resumes with {.world_size_may_change = true} (a directory another number of ranks
+// wrote); after the resume, resumed_out=FILE gets the state as loaded (before any step).
+// rank0_saves=1 makes the Python mistake `if (rank == 0) ckpt.save(...)` (tests of the error).
+//
+// strategy=ddp (the default) | zero1 | zero2 | zero2_sharded (loom::Zero, its stage, and the
+// sharded checkpoint form); timeout_ms=T is the process group's timeout.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -44,6 +50,7 @@
 #include <torch/optim/sgd.h>
 
 #include <loom/dist/stop_signal.hpp>
+#include <loom/dist/zero.hpp>
 #include <loom/loom.hpp>
 #include <loom/state/checkpoints.hpp>
 
@@ -117,7 +124,10 @@ int run(RT& rt, const Args& a) {
   if (!dir.empty()) {
     ckpt.emplace(dir, loom::CheckpointsOptions{.keep_last = 2});
     stop.emplace();
-    resumed = ckpt->resume(rt, state);
+    resumed = ckpt->resume(rt, state, {.world_size_may_change = arg(a, "resize") == "1"});
+    if (const std::string resumed_out = arg(a, "resumed_out"); !resumed_out.empty()) {
+      rt.save(resumed_out, state);
+    }
     const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
     std::printf("loom_resume: rank %d pid %d attempt %s %s %lld\n", rank,
                 static_cast<int>(::getpid()), attempt ? attempt : "-",
@@ -158,7 +168,9 @@ int run(RT& rt, const Args& a) {
                     stop->signal(), static_cast<long long>(step));
         return stop->exit_code();
       }
-      if (step % every == 0) {
+      if (step % every == 0 && arg(a, "rank0_saves") == "1") {
+        if (rank == 0) ckpt->save(rt, step, state);  // the mistake: save is collective
+      } else if (step % every == 0) {
         if (big.numel() > 0) big.fill_(static_cast<double>(step));
         ckpt->save(rt, step, state, save_options);
         if (big.numel() > 0) big.fill_(-1.0);  // an asynchronous save copied it already
@@ -201,9 +213,27 @@ int main(int argc, char** argv) {
     a[s.substr(0, eq)] = s.substr(eq + 1);
   }
   try {
+    loom::DdpOptions ddp;
+    ddp.timeout = std::chrono::milliseconds(std::stoll(arg(a, "timeout_ms", "300000")));
+    const std::string strategy = arg(a, "strategy", "ddp");
     return loom::with_precision(arg(a, "precision", "32-true"), [&](auto precision) {
-      loom::Runtime<loom::Cpu, decltype(precision), loom::Ddp> rt(loom::Cpu(), precision,
-                                                                  loom::Ddp());
+      using P = decltype(precision);
+      if (strategy == "ddp") {
+        loom::Runtime<loom::Cpu, P, loom::Ddp> rt(loom::Cpu(), precision, loom::Ddp(ddp));
+        return run(rt, a);
+      }
+      loom::ZeroOptions zero;
+      zero.ddp = ddp;
+      if (strategy == "zero1") {
+        zero.stage = 1;
+      } else if (strategy == "zero2" || strategy == "zero2_sharded") {
+        zero.stage = 2;
+        if (strategy == "zero2_sharded") zero.checkpoint = loom::ZeroCheckpoint::sharded;
+      } else {
+        throw loom::Error("loom_resume: strategy is ddp, zero1, zero2 or zero2_sharded, not '" +
+                          strategy + "'");
+      }
+      loom::Runtime<loom::Cpu, P, loom::Zero> rt(loom::Cpu(), precision, loom::Zero(zero));
       return run(rt, a);
     });
   } catch (const std::exception& e) {

@@ -11,6 +11,8 @@ the same bits as a run that never stopped.
                                                                 fails, SIGKILL
   python resume_matrix.py --bin loom_resume --tmp DIR full_disk  rank 0 on a full tmpfs (needs
                                                                 unshare -rm; else LOOM-SKIPPED)
+  python resume_matrix.py --bin loom_resume --tmp DIR resize     Zero stage 2 from 2 ranks to 1, 3
+  python resume_matrix.py --bin loom_resume --tmp DIR misuse     a save only rank 0 calls
 
 For each case loom_resume (tests/checkpoint/resume.cpp) trains STEPS steps straight, and
 separately K steps, saves, then in a new process (seeded differently) loads and trains the
@@ -223,12 +225,16 @@ class Lines:
         return [p.returncode for p in self.procs]
 
 
+_STRAIGHT = set()  # the straight runs this process made (a file of an earlier build is stale)
+
+
 def straight_run(bin_, tmp, precision, steps, world=2):
-    """The uninterrupted run's final state file (no checkpoint directory)."""
+    """The uninterrupted run's final state file (no checkpoint directory), made once per test."""
     out = tmp / f"straight_{precision}_{steps}.pt"
-    if not out.exists():
+    if out not in _STRAIGHT:
         run(bin_, [f"precision={precision}", "optimizer=adam", f"steps={steps}", f"out={out}"],
             world)
+        _STRAIGHT.add(out)
     return out
 
 
@@ -524,13 +530,134 @@ def full_disk(bin_, tmp):
           "a loom::Error on both ranks, with an asynchronous save and with a synchronous one)")
 
 
+def consolidated(path):
+    """A checkpoint as one dict: a loom::Zero sharded save's shard files merged into the main
+    file's optimizer states, as docs/memory.md shows; a consolidated file as it is."""
+    saved = torch.load(path, weights_only=True)
+    index = saved.pop("loom_shards", None)
+    if index is not None:
+        for name in index["files"]:
+            for entry, states in torch.load(Path(path).parent / name, weights_only=True).items():
+                saved[entry]["state"].update(states)
+    return saved
+
+
+def files_of(d):
+    """{name: bytes} of every file in d: a directory left byte for byte as it was."""
+    return {n: (d / n).read_bytes() for n in sorted(os.listdir(d))}
+
+
+def resize(bin_, tmp):
+    """World sizes change through loom::Checkpoints: a loom::Zero stage 2 run on 2 ranks
+    resumes on 1 and on 3 ranks with {.world_size_may_change = true}, its state right after
+    the resume equal to the saved one (the optimizer's consolidated, tensor for tensor), and
+    trains on; without the option the relaunch is a CheckpointMismatch naming both world sizes
+    and the option, and the directory stays byte for byte as it was."""
+    for form in ("zero2", "zero2_sharded"):
+        d = tmp / f"resize_{form}"
+        shutil.rmtree(d, ignore_errors=True)
+        base = ["precision=32-true", "optimizer=adam", f"strategy={form}", f"dir={d}", "every=5"]
+        run(bin_, base + ["steps=10", f"out={tmp / 'resize_w2.pt'}"], 2)
+        saved = consolidated(d / "step-10.pt")
+        before = files_of(d)
+        lines = Lines(hand_ranks(bin_, base + ["steps=14", f"out={tmp / 'unused.pt'}"], 3,
+                                 free_port()), DEADLINE)
+        codes = lines.finish()
+        want = ("holds the device states of 2 rank(s), this run has 3 (to resume on another "
+                "number of ranks: loom::Checkpoints::resume(rt, state, "
+                "{.world_size_may_change = true})")
+        check(codes == [1, 1, 1] and lines.text.count(want) == 3,
+              f"{form}: 3 ranks without the option: exit codes {codes} (want [1, 1, 1]), "
+              f"{lines.text.count(want)} rank(s) say {want!r} (want 3):\n{lines.text[-3000:]}")
+        check("CheckpointMismatch" in lines.text or "does not fit this run" in lines.text,
+              f"{form}: the error does not say the file does not fit:\n{lines.text[-3000:]}")
+        check(files_of(d) == before, f"{form}: the refused resume changed {d}")
+        for world in (1, 3):
+            after = tmp / f"resize_{form}_{world}.resumed.pt"
+            out = run(bin_, base + ["steps=14", "resize=1", f"resumed_out={after}",
+                                    f"out={tmp / f'resize_{form}_{world}.pt'}"], world)
+            check("resumed from step 10" in out[0], f"{form} on {world}: {out[0][-2000:]}")
+            got = consolidated(after)
+            for entry in ("model", "optimizer", "scheduler", "sampler", "step"):
+                same(saved[entry], got[entry], f"{form} 2 -> {world} ranks: {entry}")
+            ranks = len(got["runtime"]["device"])
+            check(ranks == world, f"{form} on {world}: {ranks} device states")
+            # The ranks the saved run had restore its generators; a new rank keeps its own.
+            for r in range(min(world, 2)):
+                same(saved["runtime"]["device"][r], got["runtime"]["device"][r],
+                     f"{form} 2 -> {world} ranks: rank {r}'s generator")
+            if world == 3:
+                check(not torch.equal(got["runtime"]["device"][2]["torch"],
+                                      saved["runtime"]["device"][0]["torch"]),
+                      f"{form}: the new rank 2 took rank 0's generator state")
+            final = consolidated(tmp / f"resize_{form}_{world}.pt")
+            check(final["step"] == 14, f"{form} on {world}: ended at step {final['step']}")
+            n = sum(len(s) for s in [got["optimizer"]["state"]])
+            print(f"resize {form}: 2 ranks -> {world}: resumed from step 10, model, optimizer "
+                  f"({n} parameter states), scheduler, sampler and step equal to the saved "
+                  f"ones, the saved ranks' generators restored; trained on to step 14",
+                  flush=True)
+    print("checkpoint resize: ok (loom::Zero stage 2, consolidated and sharded, saved on 2 "
+          "ranks, resumed on 1 and 3; refused without world_size_may_change, the directory "
+          "unchanged)")
+
+
+def misuse(bin_, tmp):
+    """`if (rank == 0) ckpt.save(...)`, Python's habit: with TORCH_DISTRIBUTED_DEBUG=DETAIL
+    every rank fails within 10 s naming both ranks' collectives (c10d's ProcessGroupWrapper);
+    by default rank 0's error says the save is collective (after a short timeout here)."""
+    d = tmp / "misuse_detail"
+    shutil.rmtree(d, ignore_errors=True)
+    args = ["precision=32-true", "optimizer=adam", "steps=20", f"dir={d}", "every=5",
+            "rank0_saves=1", "timeout_ms=60000", f"out={tmp / 'unused.pt'}"]
+    t0 = time.monotonic()
+    procs = []
+    port = free_port()
+    for r in range(2):
+        env = base_env(RANK=r, WORLD_SIZE=2, LOCAL_RANK=r, MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=port, TORCH_DISTRIBUTED_DEBUG="DETAIL")
+        procs.append(subprocess.Popen([bin_] + args, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, start_new_session=True))
+    lines = Lines(procs, 60)
+    codes = lines.finish()
+    took = time.monotonic() - t0
+    said = lines.text.count("the ranks called different collectives")
+    check(codes == [1, 1] and said == 2 and took <= 10 + 5,
+          f"DETAIL: exit codes {codes} (want [1, 1]), {said} rank(s) name different collectives "
+          f"(want 2), {took:.1f} s (want <= 10 s after start-up):\n{lines.text[-4000:]}")
+    check("ALLGATHER" in lines.text.upper() and "ALLREDUCE" in lines.text.upper(),
+          f"DETAIL: the error does not name both collectives:\n{lines.text[-4000:]}")
+    print(f"misuse DETAIL: rank 0 alone in ckpt.save: both ranks failed in {took:.1f} s, naming "
+          "both collectives", flush=True)
+    mine = [ln for ln in lines.text.splitlines() if "different collectives" in ln]
+    print("  " + mine[0])
+
+    d = tmp / "misuse_default"
+    shutil.rmtree(d, ignore_errors=True)
+    args = [a.replace("misuse_detail", "misuse_default") for a in args]
+    args = [a if not a.startswith("timeout_ms=") else "timeout_ms=4000" for a in args]
+    t0 = time.monotonic()
+    lines = Lines(hand_ranks(bin_, args, 2, free_port()), 60)
+    codes = lines.finish()
+    took = time.monotonic() - t0
+    want = f"inside loom::save({d / 'step-5.pt'}): every rank must call it"
+    check(codes[0] == 1 and want in lines.text,
+          f"default: rank 0 exited {codes[0]} (want 1) and says {want!r}: "
+          f"{want in lines.text}:\n{lines.text[-4000:]}")
+    check(codes[1] != 0, f"default: rank 1 exited {codes[1]}, want an error")
+    print(f"misuse default: rank 0 alone in ckpt.save fails after the 4 s timeout ({took:.1f} s "
+          "in all) saying 'inside loom::save(...): every rank must call it'; rank 1 fails too",
+          flush=True)
+    print("checkpoint misuse: ok")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--tmp", required=True)
     cases = {"matrix": matrix, "ddp": ddp, "sigkill": sigkill, "preempt": preempt,
              "elastic": elastic, "orphan": orphan, "async": async_saves,
-             "full_disk": full_disk}
+             "full_disk": full_disk, "resize": resize, "misuse": misuse}
     ap.add_argument("case", choices=sorted(cases))
     a = ap.parse_args()
     tmp = Path(a.tmp)

@@ -341,10 +341,30 @@ int run_no_sync() {
   s.all_reduce(expected, loom::dist::ReduceOp::Mean);
   auto got = torch::cat(g1);
   const double diff = (got - expected).abs().max().item<double>();
+  // A step after a synchronized backward goes; one after backward passes that all ran under
+  // no_sync (the gradients never reduced: the replicas would drift apart) is refused.
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  rt.optimizer_step(opt);
+  opt.zero_grad();
+  for (int i = 0; i < 2; ++i) {
+    auto scope = rt.no_backward_sync(model);
+    rt.backward(loss_of(model, x.slice(0, 4 * i, 4 * i + 4), y.slice(0, 4 * i, 4 * i + 4)), model);
+  }
+  std::string refused = "no error";
+  try {
+    rt.optimizer_step(opt);
+  } catch (const loom::Error& e) {
+    refused = e.what();
+  }
+  const bool refused_ok =
+      refused.find(
+          "loom::Ddp::optimizer_step: none of the 2 backward pass(es) since the last "
+          "step reduced the gradients") != std::string::npos;
   say("no_sync: first backward local " + std::string(first_local ? "yes" : "NO") +
-      ", accumulated grads max|diff| " + std::to_string(diff));
+      ", accumulated grads max|diff| " + std::to_string(diff) + ", unsynchronized step " +
+      (refused_ok ? "refused" : "NOT refused: " + refused));
   rt.teardown();
-  return first_local && diff < 1e-12 ? 0 : 1;
+  return first_local && diff < 1e-12 && refused_ok ? 0 : 1;
 }
 
 /// Gradient accumulation counted by a communication hook: for k = 1, 2, 4 micro-batches per

@@ -3,6 +3,7 @@
 // the opt-in header state/checkpoint.hpp. Keeping it out of runtime.hpp keeps the file format
 // (pickle, zip container, CRC threads) out of every translation unit that trains.
 #include <loom/detail/meta.hpp>
+#include <loom/state/load_options.hpp>
 
 namespace loom {
 class StateEntry;  // complete in <loom/state/checkpoint.hpp>, which rt.save and rt.load need

@@ -279,9 +279,11 @@ class Ddp {
   StateDict broadcast_object(const StateDict& value, int src);
 
   /// The precision's step, as on one process: every rank holds the averaged gradients and
-  /// steps every parameter.
+  /// steps every parameter. A step after backward passes that all ran under no_sync (the
+  /// gradients never reduced: the ranks would drift apart) is a loom::Error.
   template <class Unscale, class Step>
   auto optimizer_step(Optimizers, Unscale&&, Step&& step) {
+    check_step_synchronized();
     return std::forward<Step>(step)();
   }
   /// The precision's clip: every rank holds every averaged gradient, so its norm is the
@@ -310,6 +312,8 @@ class Ddp {
   friend class JoinGuard;
   friend struct detail::DdpAccess;
   void prepare_backward(const at::Tensor& loss);
+  /// optimizer_step's check that a backward since the last step reduced the gradients.
+  void check_step_synchronized();
   /// JoinGuard's end: the shadowing loop, then the last joiner's state on every rank.
   void finish_join();
   void join_main_hook();

@@ -20,6 +20,10 @@ struct LogDirOptions {
   int64_t flush_every = 100;
   /// Only rank 0 writes; unset: the RANK variable torchrun sets, else 0.
   std::optional<int64_t> rank = std::nullopt;
+  /// A resumed run (its checkpoint's {"runtime", rt} entry loaded, with this logger added to
+  /// the runtime before) writes on into the saved run's version_N, from the resumed step;
+  /// false: it keeps the new version_N it opened (Lightning without version=).
+  bool continue_on_resume = true;
 };
 
 /// Metrics as `ROOT/NAME/version_N/metrics.csv`, the file Lightning's CSVLogger writes: one row
@@ -38,6 +42,12 @@ class CsvLogger : public Logger {
   std::filesystem::path metrics_file() const { return log_dir_ / "metrics.csv"; }
   int64_t version() const noexcept { return version_; }
 
+  int64_t version_in_use() const override { return writes() ? version_ : -1; }
+  /// Writes on in ROOT/NAME/version_`version` (removing the folder this run opened, if
+  /// nothing was written there), dropping the rows of steps after `step` from its
+  /// metrics.csv: the resumed run logs those steps again.
+  void continue_version(int64_t version, int64_t step) override;
+
  protected:
   void write_rows(const std::vector<Row>& rows) override;
   void write_hyperparams(const Hyperparams& params) override;
@@ -45,6 +55,7 @@ class CsvLogger : public Logger {
  private:
   std::filesystem::path log_dir_;
   int64_t version_;
+  bool continue_on_resume_;
   std::vector<std::string> keys_;  // the header, sorted
 };
 
@@ -56,6 +67,10 @@ std::filesystem::path log_dir_of(const std::filesystem::path& root, const LogDir
 /// log_dir_of, and the folder made where `create` (rank 0); `owner` starts the error.
 std::filesystem::path make_log_dir(const std::filesystem::path& root, const LogDirOptions& o,
                                    int64_t& version, bool create, const char* owner);
+/// For continue_version: `current`'s sibling version_`version`, made, and `current` removed
+/// when it is empty (the folder a resumed run opened before it knew); `owner` starts the error.
+std::filesystem::path switch_log_dir(const std::filesystem::path& current, int64_t version,
+                                     const char* owner);
 /// Writes `params` to `file` as PyYAML writes Lightning's hparams.yaml (keys sorted).
 void write_hparams_yaml(const std::filesystem::path& file, const Hyperparams& params);
 /// A double as Python's repr() writes it ("0.1", "1e-05", "1e+16", "3.0", "nan", "-inf").

@@ -90,6 +90,21 @@ class Logger {
   /// How many rows wait for the next flush.
   std::size_t buffered() const noexcept { return rows_.size(); }
 
+  /// The highest step logged so far (-1: none).
+  int64_t last_step() const noexcept { return last_step_; }
+  /// The N of the ROOT/NAME/version_N folder this logger writes into; -1 when it has none
+  /// (a logger that writes elsewhere, or a rank other than 0). A checkpoint's runtime entry
+  /// ({"runtime", rt}) records it, with last_step(), for each logger of the runtime.
+  virtual int64_t version_in_use() const { return -1; }
+  /// A resumed run (that entry loaded): writes on into version `version` after step `step`,
+  /// as Lightning's loggers do given version=N, instead of a new version_N. What the logger
+  /// wrote after `step` before the run stopped is its own to drop (CsvLogger removes those
+  /// rows, TensorBoardLogger marks them purged); a logger without folders does nothing.
+  virtual void continue_version(int64_t version, int64_t step) {
+    (void)version;
+    (void)step;
+  }
+
  protected:
   /// One logged row, its tensors read: (name, value) in the order logged.
   struct Row {
@@ -113,6 +128,7 @@ class Logger {
 
   int64_t rank_;
   int64_t flush_every_;
+  int64_t last_step_ = -1;
   std::vector<Row> rows_;
 };
 

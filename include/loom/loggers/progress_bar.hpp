@@ -2,9 +2,9 @@
 // loom::ProgressBar: a training progress bar in the spirit of Lightning's and tqdm's, printed
 // by rank 0 only.
 //
-//   loom::ProgressBar bar(total_steps, 100);      // total <= 0: unknown, no bar and no ETA
-//   for (...) { ...; bar.step(batch_size, loss); }
-//   bar.finish();
+//   loom::ProgressBar bar(total_steps, 100, "train", {.initial = resumed_step});
+//   for (...) { ...; bar.step(batch_size, loss); }   // loss: a tensor, read only to print
+//   bar.finish();                                    // total <= 0: no bar and no ETA
 //
 // On a terminal it redraws one line with '\r' (at most ten times a second):
 //   train  420/938 [##########............]  45%  loss 0.4821  38211 samples/s  ETA 0:05
@@ -12,7 +12,8 @@
 // prints plain lines with the same fields every `every` steps, at least every 2 s, and once
 // more at the end.
 // The loss shown is the mean of the last 20 steps, as Lightning's bar shows it: one step's
-// loss is too noisy to read.
+// loss is too noisy to read. A loss given as a tensor (on any device) is kept as it is and
+// read when a line is printed, all the kept ones in one copy: no host sync per step.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -25,6 +26,9 @@
 
 #include <unistd.h>
 
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+
 #include <loom/detail/env.hpp>
 
 namespace loom {
@@ -34,6 +38,9 @@ struct ProgressBarOptions {
   std::FILE* out = stdout;  ///< a terminal redraws one line; anything else gets plain lines
   /// Only rank 0 prints; unset: the RANK variable torchrun sets, else 0.
   std::optional<int64_t> rank = std::nullopt;
+  /// The steps done before this bar started (tqdm's `initial`): a resumed run's step. The
+  /// count and the bar start there; samples/s and the ETA count only the steps made since.
+  int64_t initial = 0;
 };
 
 /// A progress bar for a training loop (see the top of this header): a redrawn line with ETA
@@ -50,7 +57,10 @@ class ProgressBar {
         tty_(isatty(fileno(options.out)) != 0),
         quiet_(detail::env_rank(options.rank, "loom::ProgressBar") != 0),
         start_(Clock::now()),
-        last_line_(start_) {}
+        last_line_(start_),
+        initial_(std::max<int64_t>(options.initial, 0)),
+        steps_(initial_),
+        printed_step_(initial_) {}
 
   ProgressBar(const ProgressBar&) = delete;
   ProgressBar& operator=(const ProgressBar&) = delete;
@@ -62,31 +72,59 @@ class ProgressBar {
   /// Records one finished step of `samples` samples and its loss; prints when it is time.
   void step(int64_t samples, double loss) {
     if (quiet_) return;
+    const std::size_t slot = next_slot(samples);
+    window_[slot] = loss;
+    pending_[slot] = at::Tensor();
+    maybe_print();
+  }
+  /// The same with the loss as a tensor of one element on any device: copied on its device
+  /// (the value of now, whatever later happens to `loss`) and read only when a line is
+  /// printed, the window's copies together.
+  void step(int64_t samples, const at::Tensor& loss) {
+    if (quiet_) return;
+    const std::size_t slot = next_slot(samples);
+    pending_[slot] = loss.detach().reshape({}).clone();
+    maybe_print();
+  }
+
+ private:
+  std::size_t next_slot(int64_t samples) {
     ++steps_;
     samples_ += samples;
-    window_[static_cast<std::size_t>(steps_ - 1) % window_.size()] = loss;
+    return static_cast<std::size_t>(steps_ - initial_ - 1) % window_.size();
+  }
+  void maybe_print() {
     const auto now = Clock::now();
     const double since_line = seconds(last_line_, now);
     const bool due = tty_ ? since_line >= 0.1 : steps_ % every_ == 0 || since_line >= plain_seconds;
     if (due) print(now);
   }
 
+ public:
   /// Prints the last line (if the last step has not been printed yet) and ends it.
   void finish() {
     if (finished_) return;
     finished_ = true;
-    if (steps_ == 0) return;
+    if (steps_ == initial_) return;
     if (tty_ || printed_step_ != steps_) print(Clock::now());
     if (tty_) std::fputc('\n', out_);
     std::fflush(out_);
   }
 
+  /// The steps counted, `initial` included.
   int64_t steps() const { return steps_; }
-  /// The mean loss of the last (up to) 20 steps.
-  double mean_loss() const {
-    const auto n = static_cast<std::size_t>(std::min<int64_t>(steps_, window_.size()));
-    double sum = 0;
-    for (std::size_t i = 0; i < n; ++i) sum += window_[i];
+  /// The mean loss of the last (up to) 20 steps of this bar; tensors given to step() are read
+  /// here, together (one copy to the host per call).
+  double mean_loss() {
+    const auto n = static_cast<std::size_t>(std::min<int64_t>(steps_ - initial_, window_.size()));
+    at::Tensor on_device;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!pending_[i].defined()) continue;
+      const at::Tensor v = pending_[i].to(c10::kDouble);
+      on_device = on_device.defined() ? on_device.add(v) : v;
+    }
+    double sum = on_device.defined() ? on_device.item<double>() : 0.0;
+    for (std::size_t i = 0; i < n; ++i) sum += pending_[i].defined() ? 0.0 : window_[i];
     return n == 0 ? 0.0 : sum / static_cast<double>(n);
   }
 
@@ -111,6 +149,7 @@ class ProgressBar {
   void print(Clock::time_point now) {
     const double elapsed = std::max(seconds(start_, now), 1e-9);
     const double rate = static_cast<double>(samples_) / elapsed;
+    const auto done_here = static_cast<double>(std::max<int64_t>(steps_ - initial_, 1));
     std::string line = label_;
     line.push_back(' ');
     char buf[96];
@@ -136,8 +175,8 @@ class ProgressBar {
     std::snprintf(buf, sizeof buf, "loss %.4f  %.0f samples/s", mean_loss(), rate);
     line += buf;
     if (total_ > 0) {
-      const double eta = elapsed / static_cast<double>(steps_) *
-                         static_cast<double>(std::max<int64_t>(total_ - steps_, 0));
+      const double eta =
+          elapsed / done_here * static_cast<double>(std::max<int64_t>(total_ - steps_, 0));
       line.append(steps_ >= total_ ? "  took " : "  ETA ");
       line.append(clock_time(steps_ >= total_ ? elapsed : eta));
     }
@@ -169,8 +208,10 @@ class ProgressBar {
   std::FILE* out_;
   bool tty_, quiet_;
   Clock::time_point start_, last_line_;
-  int64_t steps_ = 0, samples_ = 0, printed_step_ = 0;
+  int64_t initial_;
+  int64_t steps_, samples_ = 0, printed_step_;
   std::array<double, 20> window_{};
+  std::array<at::Tensor, 20> pending_{};  // losses given as tensors, not read yet
   bool finished_ = false;
 };
 

@@ -29,6 +29,13 @@ class TensorBoardLogger : public Logger {
   const std::filesystem::path& event_file() const noexcept { return file_; }
   int64_t version() const noexcept { return version_; }
 
+  int64_t version_in_use() const override { return writes() ? version_ : -1; }
+  /// Writes on in ROOT/NAME/version_`version` (a new event file there; the folder this run
+  /// opened is removed if it holds only its own empty event file), starting with the event
+  /// Python's SummaryWriter(purge_step=step + 1) writes: TensorBoard then drops the events of
+  /// steps after `step` that the stopped run wrote, and shows the resumed run's instead.
+  void continue_version(int64_t version, int64_t step) override;
+
  protected:
   void write_rows(const std::vector<Row>& rows) override;
   void write_hyperparams(const Hyperparams& params) override;
@@ -36,9 +43,13 @@ class TensorBoardLogger : public Logger {
 
  private:
   void write_record(const std::string& data);
+  /// A new event file in log_dir_, its first event written.
+  void open_event_file();
 
   std::filesystem::path log_dir_, file_;
   int64_t version_;
+  bool continue_on_resume_;
+  bool wrote_rows_ = false;
   std::FILE* out_ = nullptr;
 };
 

@@ -8,7 +8,7 @@
 //         rt.strategy().save_checkpoint(path, value, TorchFile)  who writes: dist/
 //   load  value = rt.strategy().load_checkpoint(path, TorchFile, rt.device().device())
 //           (the file mapped: checkpoint/mapped.hpp)
-//         entry.load(value[name], strict) for each entry; the rest is returned once every
+//         entry.load(value[name], options) for each entry; the rest is returned once every
 //           record's CRC-32 is checked (DeferredChecks: the large ones as they are copied)
 //   errors: reading the file fails with loom::CheckpointUnreadable, applying what it holds
 //           with loom::CheckpointMismatch (error.hpp)
@@ -38,16 +38,16 @@ inline Dict save_entries(const State& state) {
 }
 
 /// Loads every entry of `state` from `value` (read from `where`) and returns the file's other
-/// entries. With `strict` a name missing from the file is a loom::Error, else a warning.
+/// entries. With options.strict a name missing from the file is a loom::Error, else a warning.
 /// `value` may hold tensors of a mapped file (checkpoint/mapped.hpp): only entries that copy
 /// them get them as they are; the others, and what is returned, get their own memory.
 inline StateDict load_entries(const State& state, const c10::IValue& value,
-                              const std::string& where, bool strict) {
+                              const std::string& where, const LoadOptions& options) {
   const Dict d = as_dict(value, where);
   for (const auto& e : state) {
     auto it = d.find(c10::IValue(e.name()));
     if (it == d.end()) {
-      if (strict) {
+      if (options.strict) {
         throw Error("loom::load: '" + e.name() + "' is not in the checkpoint " + where +
                     " (strict=true)");
       }
@@ -55,7 +55,7 @@ inline StateDict load_entries(const State& state, const c10::IValue& value,
                  "; left as it is (strict=false)");
       continue;
     }
-    e.load(e.copies_tensors() ? it->value() : checkpoint::unmapped(it->value()), strict);
+    e.load(e.copies_tensors() ? it->value() : checkpoint::unmapped(it->value()), options);
   }
   StateDict rest;
   for (const auto& item : d) {
@@ -71,17 +71,37 @@ inline StateDict load_entries(const State& state, const c10::IValue& value,
 
 namespace loom::detail {
 
+/// A collective that failed inside `call` (rt.save, rt.load, loom::Checkpoints), said with the
+/// likely cause first: a rank that skipped the call (`habit` under `if (rank == 0)`).
+inline CollectiveError collective_misuse(const std::string& call, const std::string& habit,
+                                         const CollectiveError& e) {
+  return CollectiveError("inside " + call +
+                         ": every rank must call it (it gathers every rank's generator states "
+                         "and agrees on the file); a rank that skipped it (`if (rank == 0) " +
+                         habit +
+                         "`, Python's habit) leaves the others waiting in its collectives until "
+                         "the timeout. " +
+                         e.what());
+}
+
 /// What Runtime::save and Runtime::load call (detail/checkpoint_files.hpp).
 template <>
 struct checkpoint_files<State> {
   template <class R>
   static void save(R& rt, const std::filesystem::path& path, const State& state,
                    checkpoint::SaveOptions options) {
-    const c10::IValue value(state::save_entries(state));
-    rt.strategy().save_checkpoint(path, value, checkpoint::TorchFile(options));
+    try {
+      const c10::IValue value(state::save_entries(state));
+      rt.strategy().save_checkpoint(path, value, checkpoint::TorchFile(options));
+    } catch (const CollectiveError& e) {
+      throw collective_misuse("loom::save(" + path.string() + ")",
+                              "rt.save(...)` or `ckpt.save(...)", e);
+    }
   }
+
   template <class R>
-  static StateDict load(R& rt, const std::filesystem::path& path, const State& state, bool strict) {
+  static StateDict load(R& rt, const std::filesystem::path& path, const State& state,
+                        const LoadOptions& options) {
     // Mapped: the model's and optimizer's tensors are copied from the file's pages into the
     // memory they already hold (no fresh memory to touch), the large records' CRC-32s checked
     // as they are copied (each byte read once); nothing mapped outlives the load.
@@ -91,10 +111,13 @@ struct checkpoint_files<State> {
     const checkpoint::TorchFile file({}, {.map = true});
     // Reading the file: every loom::Error is the file's (CheckpointUnreadable); then applying
     // it: every loom::Error but a large record's CRC found while copying is the run's
-    // (CheckpointMismatch). Errors of another type (a collective that failed) pass as they are.
+    // (CheckpointMismatch). A collective that failed is neither: a CollectiveError saying
+    // where it failed; errors of other types pass as they are.
     c10::IValue value;
     try {
       value = rt.strategy().load_checkpoint(path, file, rt.device().device());
+    } catch (const CollectiveError& e) {
+      throw collective_misuse("loom::load(" + path.string() + ")", "rt.load(...)", e);
     } catch (const CheckpointUnreadable&) {
       throw;
     } catch (const CheckpointMismatch&) {
@@ -104,7 +127,9 @@ struct checkpoint_files<State> {
     }
     StateDict rest;
     try {
-      rest = state::load_entries(state, value, path.string(), strict);
+      rest = state::load_entries(state, value, path.string(), options);
+    } catch (const CollectiveError& e) {
+      throw collective_misuse("loom::load(" + path.string() + ")", "rt.load(...)", e);
     } catch (const CheckpointUnreadable&) {
       throw;
     } catch (const CheckpointMismatch&) {

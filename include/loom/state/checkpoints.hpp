@@ -29,6 +29,7 @@
 #include <loom/detail/message_of.hpp>
 #include <loom/error.hpp>
 #include <loom/state/checkpoint.hpp>
+#include <loom/state/load_options.hpp>
 
 namespace loom {
 
@@ -132,22 +133,13 @@ class Checkpoints {
   void save(Runtime& rt, std::int64_t step, const State& state,
             CheckpointSaveOptions options = {}) {
     if (step < 0) throw Error("loom::Checkpoints::save: the step must be >= 0");
-    wait(rt);  // the last asynchronous write, if any: its error is thrown here
-    const bool writer = rt.strategy().is_global_zero();
-    if (writer) std::filesystem::create_directories(dir_);
-    if (!options.async) {
-      rt.save(path(step), state, checkpoint::SaveOptions{.sync = options.sync});
-      if (writer) finish(step);  // every rank returned once the file was written
-      return;
+    try {
+      save_step(rt, step, state, options);
+    } catch (const CollectiveError& e) {
+      if (std::string_view(e.what()).rfind("inside ", 0) == 0) throw;  // rt.save said it
+      throw loom::detail::collective_misuse("loom::Checkpoints::save(" + path(step).string() + ")",
+                                            "ckpt.save(...)", e);
     }
-    if (!writer_) writer_ = std::make_unique<checkpoint::AsyncWriter>();
-    writer_->set_options(checkpoint::SaveOptions{.sync = options.sync});
-    // rt.save's value, handed to the strategy with an IO that copies it and writes later:
-    // the strategy still decides which ranks write (Ddp: rank 0) and agrees on a failed copy.
-    const c10::IValue value(state::save_entries(state));
-    rt.strategy().save_checkpoint(path(step), value, checkpoint::AsyncFile(*writer_));
-    pending_ = step;
-    pending_writer_ = writer;
   }
 
   /// Waits for the asynchronous save under way, if any; every rank calls it. A write that
@@ -183,9 +175,11 @@ class Checkpoints {
   ///   nothing in the directory is changed, and no older checkpoint is tried (training on
   ///   from one would overwrite and prune the newer ones).
   /// Before it reads, the writing rank removes what a save killed while writing left behind
-  /// (.step-N.pt.tmp.PID files).
+  /// (.step-N.pt.tmp.PID files). `options` are rt.load's (state/load_options.hpp): with
+  /// {.world_size_may_change = true} a directory another number of ranks wrote resumes (the
+  /// generator states as LoadOptions says), else that is a CheckpointMismatch.
   template <class Runtime>
-  std::optional<std::int64_t> resume(Runtime& rt, const State& state) {
+  std::optional<std::int64_t> resume(Runtime& rt, const State& state, LoadOptions options = {}) {
     wait(rt);
     if (rt.strategy().is_global_zero()) remove_leftovers();
     auto candidates = steps();
@@ -197,7 +191,7 @@ class Checkpoints {
     std::string last_error;
     for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
       try {
-        rt.load(path(*it), state);
+        rt.load(path(*it), state, options);
         return *it;
       } catch (const CheckpointMismatch& e) {
         throw CheckpointMismatch(
@@ -223,6 +217,28 @@ class Checkpoints {
   }
 
  private:
+  /// save() without the collective error's context.
+  template <class Runtime>
+  void save_step(Runtime& rt, std::int64_t step, const State& state,
+                 CheckpointSaveOptions options) {
+    wait(rt);  // the last asynchronous write, if any: its error is thrown here
+    const bool writer = rt.strategy().is_global_zero();
+    if (writer) std::filesystem::create_directories(dir_);
+    if (!options.async) {
+      rt.save(path(step), state, checkpoint::SaveOptions{.sync = options.sync});
+      if (writer) finish(step);  // every rank returned once the file was written
+      return;
+    }
+    if (!writer_) writer_ = std::make_unique<checkpoint::AsyncWriter>();
+    writer_->set_options(checkpoint::SaveOptions{.sync = options.sync});
+    // rt.save's value, handed to the strategy with an IO that copies it and writes later:
+    // the strategy still decides which ranks write (Ddp: rank 0) and agrees on a failed copy.
+    const c10::IValue value(state::save_entries(state));
+    rt.strategy().save_checkpoint(path(step), value, checkpoint::AsyncFile(*writer_));
+    pending_ = step;
+    pending_writer_ = writer;
+  }
+
   static std::optional<std::int64_t> step_of(std::string_view name) {
     constexpr std::string_view head = "step-", tail = ".pt";
     if (name.size() <= head.size() + tail.size() || name.substr(0, head.size()) != head ||

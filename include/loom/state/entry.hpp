@@ -32,6 +32,7 @@
 
 #include <loom/detail/module.hpp>
 #include <loom/error.hpp>
+#include <loom/state/load_options.hpp>
 #include <loom/state/module.hpp>
 #include <loom/state/optimizer.hpp>
 #include <loom/state/runtime.hpp>
@@ -97,43 +98,47 @@ class StateEntry {
     [[maybe_unused]] const std::string& path = name_;
     if constexpr (state::detail::module_like<U>) {
       save_ = [mut] { return c10::IValue(state::module_state(loom::detail::as_module(*mut))); };
-      load_ = [mut, path](const c10::IValue& v, bool strict) {
-        state::load_module_state(loom::detail::as_module(*mut), v, path, strict);
+      load_ = [mut, path](const c10::IValue& v, const LoadOptions& o) {
+        state::load_module_state(loom::detail::as_module(*mut), v, path, o.strict);
       };
       copies_tensors_ = true;
     } else if constexpr (std::is_base_of_v<torch::optim::Optimizer, U>) {
       save_ = [mut, path] { return c10::IValue(state::optimizer_state(*mut, path)); };
-      load_ = [mut, path](const c10::IValue& v, bool) {
+      load_ = [mut, path](const c10::IValue& v, const LoadOptions&) {
         state::load_optimizer_state(*mut, v, path, /*adopt=*/true);
       };
       copies_tensors_ = true;
     } else if constexpr (state::detail::runtime_like<U>) {
       save_ = [mut] { return c10::IValue(state::runtime_state(*mut)); };
-      load_ = [mut](const c10::IValue& v, bool strict) {
-        state::load_runtime_state(*mut, v, strict);
+      load_ = [mut](const c10::IValue& v, const LoadOptions& o) {
+        state::load_runtime_state(*mut, v, o);
       };
     } else if constexpr (state::detail::checkpoint_stateful<U>) {
       save_ = [mut] { return c10::IValue(mut->checkpoint_state()); };
-      load_ = [mut](const c10::IValue& v, bool strict) { mut->load_checkpoint_state(v, strict); };
+      load_ = [mut](const c10::IValue& v, const LoadOptions& o) {
+        mut->load_checkpoint_state(v, o.strict);
+      };
     } else if constexpr (state::detail::dict_stateful<U>) {
       save_ = [mut] { return c10::IValue(state::detail::to_dict(mut->state_dict())); };
-      load_ = [mut, path](const c10::IValue& v, bool) {
+      load_ = [mut, path](const c10::IValue& v, const LoadOptions&) {
         mut->load_state_dict(state::detail::from_dict(v, path));
       };
     } else if constexpr (state::detail::value_stateful<U>) {
       save_ = [mut] { return c10::IValue(mut->state_dict()); };
-      load_ = [mut](const c10::IValue& v, bool) { mut->load_state_dict(v); };
+      load_ = [mut](const c10::IValue& v, const LoadOptions&) { mut->load_state_dict(v); };
     } else if constexpr (std::is_same_v<U, at::Tensor>) {
       save_ = [mut] { return c10::IValue(mut->detach()); };
-      load_ = [mut, path](const c10::IValue& v, bool) {
+      load_ = [mut, path](const c10::IValue& v, const LoadOptions&) {
         state::detail::load_tensor(*mut, v, path);
       };
     } else if constexpr (std::is_same_v<U, bool>) {
       save_ = [mut] { return c10::IValue(*mut); };
-      load_ = [mut, path](const c10::IValue& v, bool) { *mut = state::as_bool(v, path); };
+      load_ = [mut, path](const c10::IValue& v, const LoadOptions&) {
+        *mut = state::as_bool(v, path);
+      };
     } else if constexpr (std::is_integral_v<U>) {
       save_ = [mut] { return c10::IValue(static_cast<int64_t>(*mut)); };
-      load_ = [mut, path](const c10::IValue& v, bool) {
+      load_ = [mut, path](const c10::IValue& v, const LoadOptions&) {
         const int64_t x = state::as_int(v, path);
         if (static_cast<int64_t>(static_cast<U>(x)) != x || (std::is_unsigned_v<U> && x < 0)) {
           state::fail(path, "the value " + std::to_string(x) + " does not fit this integer type");
@@ -142,17 +147,17 @@ class StateEntry {
       };
     } else if constexpr (std::is_floating_point_v<U>) {
       save_ = [mut] { return c10::IValue(static_cast<double>(*mut)); };
-      load_ = [mut, path](const c10::IValue& v, bool) {
+      load_ = [mut, path](const c10::IValue& v, const LoadOptions&) {
         *mut = static_cast<U>(state::as_double(v, path));
       };
     } else if constexpr (std::is_same_v<U, std::string>) {
       save_ = [mut] { return c10::IValue(*mut); };
-      load_ = [mut, path](const c10::IValue& v, bool) {
+      load_ = [mut, path](const c10::IValue& v, const LoadOptions&) {
         *mut = state::string_of(v, state::load_owner, path);
       };
     } else if constexpr (std::is_same_v<U, c10::IValue>) {
       save_ = [mut] { return *mut; };
-      load_ = [mut](const c10::IValue& v, bool) { *mut = v; };
+      load_ = [mut](const c10::IValue& v, const LoadOptions&) { *mut = v; };
     } else {
       static_assert(
           sizeof(U) == 0,
@@ -162,7 +167,7 @@ class StateEntry {
           "or a c10::IValue");
     }
     if constexpr (!writable) {
-      load_ = [path](const c10::IValue&, bool) {
+      load_ = [path](const c10::IValue&, const LoadOptions&) {
         state::fail(path, "refers to a const object, which cannot be loaded");
       };
     }
@@ -173,7 +178,7 @@ class StateEntry {
   c10::IValue save() const { return save_(); }
   /// Restores the object from the value rt.load just read from a file (an optimizer keeps
   /// the value's tensors that need no cast); throws loom::Error naming the key at fault.
-  void load(const c10::IValue& value, bool strict) const { load_(value, strict); }
+  void load(const c10::IValue& value, const LoadOptions& options) const { load_(value, options); }
   /// Whether load() keeps none of the value's tensors (a module copies them into its own, an
   /// optimizer copies or keeps only those not mapped: state/optimizer.hpp), so rt.load may hand
   /// it tensors that view a mapped file (checkpoint/mapped.hpp); other entries get their own.
@@ -183,7 +188,7 @@ class StateEntry {
   bool copies_tensors_ = false;
   std::string name_;
   std::function<c10::IValue()> save_;
-  std::function<void(const c10::IValue&, bool)> load_;
+  std::function<void(const c10::IValue&, const LoadOptions&)> load_;
 };
 
 /// Names to the objects rt.save writes and rt.load restores; see the top of this file.

@@ -6,9 +6,12 @@
 //    "device": [each rank's device state: {"torch": CPU RNG, "torch.cuda": CUDA RNG}],
 //    "precision_state": {the GradScaler's five keys under 16-mixed, fp8-mixed's scales, else
 //                        empty},
-//    "strategy": {the strategy's state}}
+//    "strategy": {the strategy's state},
+//    "loggers": [each logger of rt.loggers(): {"version": its version_N (-1: none),
+//                "step": the last step it logged (-1: none)}]}
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -16,6 +19,7 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
 
+#include <loom/state/load_options.hpp>
 #include <loom/state/state_dict.hpp>
 #include <loom/state/values.hpp>
 
@@ -90,35 +94,76 @@ Dict runtime_state(R& rt) {
   d.insert("device", detail::gather_device_states(rt));
   d.insert("precision_state", detail::to_dict(rt.precision().state_dict()));
   d.insert("strategy", detail::to_dict(rt.strategy().state_dict()));
+  c10::impl::GenericList loggers(c10::AnyType::get());
+  for (const auto& logger : rt.loggers().all()) {
+    Dict l = new_dict();
+    l.insert("version", logger->version_in_use());
+    l.insert("step", logger->last_step());
+    loggers.push_back(l);
+  }
+  d.insert("loggers", loggers);
   return d;
 }
 
 /// Restores runtime_state's value into `rt`: this rank's device state, the precision's state
 /// and the strategy's. Precision-specific state (the GradScaler, fp8 scales) needs the
-/// precision it was saved under: otherwise (or when it is missing) loom::Error when `strict`,
-/// else a warning naming it and the state is dropped. A file from another world size: the same.
+/// precision it was saved under: otherwise (or when it is missing) loom::Error when
+/// options.strict, else a warning naming it and the state is dropped. A file from another
+/// world size is a loom::Error unless options.world_size_may_change: then ranks below the
+/// saved world size take the saved rank's device state and the others keep their own, with a
+/// warning (Composer's rule for RNG states).
 template <class R>
-void load_runtime_state(R& rt, const c10::IValue& value, bool strict) {
+void load_runtime_state(R& rt, const c10::IValue& value, const LoadOptions& options) {
+  const bool strict = options.strict;
   const std::string path = "runtime";
   const std::string name(R::precision_name());
   const Dict d = as_dict(value, path);
   const std::string saved =
       string_of(at(d, "precision", path), load_owner, join(path, "precision"));
   auto problem = [&](const std::string& where, const std::string& what) {
-    if (strict) fail(where, what + " (or load with strict = false to skip it)");
+    if (strict) {
+      fail(where, what +
+                      " (or load with LoadOptions::strict = false to skip it: "
+                      "rt.load(path, state, {.strict = false}))");
+    }
     TORCH_WARN("loom::load: key \"", where, "\": ", what, "; not restored (strict=false)");
   };
   // Device: this rank's entry.
   if (has(d, "device")) {
     const auto ranks = as_sequence(at(d, "device", path), path + ".device");
     const auto world = static_cast<std::size_t>(rt.strategy().world_size());
-    if (ranks.size() != world) {
-      problem(path + ".device", "the checkpoint holds the device states of " +
-                                    std::to_string(ranks.size()) + " rank(s), this run has " +
-                                    std::to_string(world));
-    } else {
-      const auto rank = static_cast<std::size_t>(rt.strategy().rank());
+    const auto rank = static_cast<std::size_t>(rt.strategy().rank());
+    if (ranks.size() == world) {
       rt.device().load_state_dict(detail::from_dict(ranks[rank], path + ".device"));
+    } else if (options.world_size_may_change) {
+      if (rank < ranks.size()) {
+        rt.device().load_state_dict(detail::from_dict(ranks[rank], path + ".device"));
+      }
+      if (rank == 0) {
+        TORCH_WARN("loom::load: the checkpoint was written by ", ranks.size(),
+                   " rank(s), this run has ", world, " (LoadOptions::world_size_may_change): ",
+                   world > ranks.size()
+                       ? "ranks " + std::to_string(ranks.size()) + ".." +
+                             std::to_string(world - 1) +
+                             " keep the generator states this program seeded, the others "
+                             "restore the saved ones"
+                       : "ranks 0.." + std::to_string(world - 1) +
+                             " restore the saved ranks' generator states; those of saved ranks " +
+                             std::to_string(world) + ".." + std::to_string(ranks.size() - 1) +
+                             " are dropped");
+      }
+    } else {
+      const std::string what = "the checkpoint holds the device states of " +
+                               std::to_string(ranks.size()) + " rank(s), this run has " +
+                               std::to_string(world);
+      if (strict) {
+        fail(path + ".device",
+             what +
+                 " (to resume on another number of ranks: loom::Checkpoints::resume(rt, state, "
+                 "{.world_size_may_change = true}), or rt.load(path, state, "
+                 "{.world_size_may_change = true}))");
+      }
+      TORCH_WARN("loom::load: key \"", path, ".device\": ", what, "; not restored (strict=false)");
     }
   }
   // Precision: only under the same precision.
@@ -142,6 +187,18 @@ void load_runtime_state(R& rt, const c10::IValue& value, bool strict) {
   }
   if (has(d, "strategy")) {
     rt.strategy().load_state_dict(detail::from_dict(at(d, "strategy", path), path + ".strategy"));
+  }
+  // Loggers: the i-th logger of this runtime writes on where the saved run's i-th wrote.
+  if (has(d, "loggers")) {
+    const auto recorded = as_sequence(at(d, "loggers", path), path + ".loggers");
+    const auto& mine_now = rt.loggers().all();
+    for (std::size_t i = 0; i < recorded.size() && i < mine_now.size(); ++i) {
+      const std::string where = path + ".loggers." + std::to_string(i);
+      const Dict l = as_dict(recorded[i], where);
+      const int64_t version = as_int(at(l, "version", where), join(where, "version"));
+      if (version >= 0)
+        mine_now[i]->continue_version(version, as_int(at(l, "step", where), join(where, "step")));
+    }
   }
 }
 

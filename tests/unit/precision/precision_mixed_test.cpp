@@ -171,6 +171,52 @@ TEST_CASE("Bf16Mixed integration: fp32 weights and grads, bf16 inside, fp32 out"
   CHECK(rt.state_dict().size() == 2);  // precision, device.torch: no scaler state
 }
 
+TEST_CASE("a backward after a direct model call under a mixed precision is warned about, once",
+          "[precision][bf16-mixed]") {
+  torch::manual_seed(0);
+  torch::nn::Linear model(4, 2);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  const auto x = at::randn({8, 4});
+  auto step = [&](auto& rt, bool through_rt) {
+    auto out = through_rt ? rt.forward(model, x) : model->forward(x);  // direct: no autocast
+    rt.backward(out.pow(2).mean(), model);
+    rt.optimizer_step(opt);
+    opt.zero_grad();
+  };
+  {
+    Runtime<Cpu, Bf16Mixed> rt;
+    rt.setup(model, opt);
+    WarningCatcher w;
+    step(rt, true);
+    CHECK(w.messages.empty());  // through rt.forward: silent
+    step(rt, false);
+    REQUIRE(w.messages.size() == 1);
+    CHECK(w.messages[0].find("loom::Runtime::backward: no rt.forward ran since the last "
+                             "optimizer step") != std::string::npos);
+    CHECK(w.messages[0].find("bf16-mixed's autocast was off") != std::string::npos);
+    step(rt, false);
+    CHECK(w.messages.size() == 1);  // once
+  }
+  {
+    Runtime<Cpu, Bf16Mixed> rt;
+    rt.setup(model, opt);
+    WarningCatcher w;
+    {
+      auto scope = rt.forward_context();  // autocast on: a forward inside it counts
+      auto out = model->forward(x);
+      rt.backward(out.to(at::kFloat).pow(2).mean(), model);
+    }
+    CHECK(w.messages.empty());
+  }
+  {
+    Runtime<Cpu, Fp32> rt;  // no autocast to miss: silent
+    rt.setup(model, opt);
+    WarningCatcher w;
+    step(rt, false);
+    CHECK(w.messages.empty());
+  }
+}
+
 TEST_CASE("Fp16Mixed scales the loss once, steps and updates once", "[precision][fp16-mixed]") {
   Runtime<Cpu, Fp16Mixed> rt;
   torch::manual_seed(0);

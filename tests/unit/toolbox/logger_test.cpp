@@ -24,6 +24,7 @@
 #include <loom/loggers/progress_bar.hpp>
 #include <loom/precision/fp32.hpp>
 #include <loom/runtime.hpp>
+#include <loom/state/checkpoint.hpp>
 #ifdef LOOM_TEST_TENSORBOARD
 #include <loom/loggers/tensorboard_logger.hpp>
 #endif
@@ -186,6 +187,74 @@ TEST_CASE("TensorBoardLogger frames its records with TensorBoard's masked CRC-32
   CHECK(fs::file_size(tb.event_file()) > first);
 }
 #endif
+
+TEST_CASE("A resumed run's loggers write on in its version folder, from the resumed step",
+          "[logger][resume]") {
+  TempDir dir;
+  const fs::path ckpt = dir.path / "ckpt.pt";
+  const fs::path logs = dir.path / "lightning_logs";
+  auto make = [&](bool continue_on_resume) {
+    return std::make_shared<loom::CsvLogger>(
+        dir.path, loom::LogDirOptions{.flush_every = 1, .continue_on_resume = continue_on_resume});
+  };
+  {
+    loom::Runtime<loom::Cpu, loom::Fp32> rt;
+    rt.add_logger(make(true));
+    for (int64_t s = 0; s < 3; ++s) rt.log("loss", static_cast<double>(s), s);
+    rt.save(ckpt, {{"runtime", rt}});
+    for (int64_t s = 3; s < 5; ++s) rt.log("loss", static_cast<double>(s), s);  // then stopped
+  }
+  CHECK(read_text(logs / "version_0" / "metrics.csv") ==
+        "loss,step\r\n0.0,0\r\n1.0,1\r\n2.0,2\r\n3.0,3\r\n4.0,4\r\n");
+  {
+    loom::Runtime<loom::Cpu, loom::Fp32> rt;
+    auto csv = make(true);
+    CHECK(csv->version() == 1);  // before the resume: a new version, as Lightning picks it
+    rt.add_logger(csv);
+    rt.load(ckpt, {{"runtime", rt}});
+    CHECK(csv->version() == 0);
+    CHECK(csv->log_dir() == logs / "version_0");
+    CHECK_FALSE(fs::exists(logs / "version_1"));  // it was empty: removed
+    // Steps 3 and 4 came after the checkpoint: the resumed run logs them again.
+    CHECK(read_text(csv->metrics_file()) == "loss,step\r\n0.0,0\r\n1.0,1\r\n2.0,2\r\n");
+    rt.log("loss", 30.0, 3);
+    rt.log("acc", 0.5, 3);  // a new column rewrites the kept rows under the new header
+  }
+  CHECK(read_text(logs / "version_0" / "metrics.csv") ==
+        "acc,loss,step\r\n,0.0,0\r\n,1.0,1\r\n,2.0,2\r\n,30.0,3\r\n0.5,,3\r\n");
+  {
+    loom::Runtime<loom::Cpu, loom::Fp32> rt;
+    auto csv = make(false);  // a new folder for the resumed run
+    rt.add_logger(csv);
+    rt.load(ckpt, {{"runtime", rt}});
+    CHECK(csv->version() == 1);
+    CHECK(fs::exists(logs / "version_1"));
+  }
+#ifdef LOOM_TEST_TENSORBOARD
+  {
+    const fs::path tb_root = dir.path / "tb";
+    {
+      loom::Runtime<loom::Cpu, loom::Fp32> rt;
+      rt.add_logger(std::make_shared<loom::TensorBoardLogger>(tb_root));
+      rt.log("loss", 1.0, 0);
+      rt.save(ckpt, {{"runtime", rt}});
+    }
+    loom::Runtime<loom::Cpu, loom::Fp32> rt;
+    auto tb = std::make_shared<loom::TensorBoardLogger>(tb_root);
+    CHECK(tb->version() == 1);
+    rt.add_logger(tb);
+    const auto fresh = tb->event_file();
+    rt.load(ckpt, {{"runtime", rt}});
+    CHECK(tb->version() == 0);
+    CHECK_FALSE(fs::exists(fresh));  // only its first event: removed with its folder
+    CHECK_FALSE(fs::exists(tb_root / "lightning_logs" / "version_1"));
+    CHECK(tb->event_file().parent_path() == tb_root / "lightning_logs" / "version_0");
+    int files = 0;
+    for (const auto& e : fs::directory_iterator(tb->log_dir())) files += e.is_regular_file();
+    CHECK(files == 2);  // the stopped run's and the resumed run's, which starts with the purge
+  }
+#endif
+}
 
 // Writes what tests/parity/logger_read.py reads: a CsvLogger and a TensorBoardLogger fed by a
 // runtime, and truth.txt with every value as an exact hex float.

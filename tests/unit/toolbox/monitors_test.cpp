@@ -7,6 +7,7 @@
 #include <string>
 #include <thread>
 
+#include <ATen/ops/full.h>
 #include <c10/cuda/CUDAFunctions.h>
 
 #include <loom/loggers/monitors.hpp>
@@ -54,6 +55,29 @@ TEST_CASE("ProgressBar prints plain lines off a terminal, on rank 0 only", "[pro
   }
   CHECK(contents(quiet).empty());
   std::fclose(quiet);
+}
+
+TEST_CASE("ProgressBar starts at a resumed step and reads tensor losses only to print",
+          "[progress]") {
+  std::FILE* out = std::tmpfile();
+  REQUIRE(out != nullptr);
+  {
+    loom::ProgressBar bar(10, 2, "train", {.out = out, .rank = 0, .initial = 6});
+    CHECK(bar.steps() == 6);
+    at::Tensor first = at::full({}, 1.0f);
+    bar.step(16, first);
+    first.fill_(100.0f);  // the bar copied the value it was given
+    bar.step(16, at::full({1}, 3.0f));
+    CHECK(bar.steps() == 8);
+    bar.step(16, 5.0);  // a number and tensors in one window
+    bar.step(16, at::full({}, 7.0, at::kDouble));
+    CHECK(bar.mean_loss() == (1.0 + 3.0 + 5.0 + 7.0) / 4);
+  }
+  const auto text = contents(out);
+  CHECK(text.find("train  8/10  80%  loss 2.0000") != std::string::npos);  // steps 7 and 8
+  CHECK(text.find("train 10/10 100%") != std::string::npos);
+  CHECK(text.find("train  2/") == std::string::npos);  // never counted from 0
+  std::fclose(out);
 }
 
 TEST_CASE("SpeedMonitor logs Composer's throughput, flops and time metrics", "[monitors]") {
