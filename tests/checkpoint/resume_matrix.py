@@ -39,7 +39,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "dist")]
-from run_dist import TORCHRUN, base_env, free_port, kill  # noqa: E402
+from run_dist import TORCHRUN, base_env, become_subreaper, free_port, kill, reap  # noqa: E402
 from same_state import check, same, test_seed  # noqa: E402
 
 STEPS, K = 20, 7
@@ -355,22 +355,6 @@ def alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except FileNotFoundError:
         return False
-
-
-def become_subreaper():
-    """Orphans of this process's descendants come to it (not to an init that may not reap
-    them), so that the test can reap them."""
-    import ctypes
-    PR_SET_CHILD_SUBREAPER = 36
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
-def reap():
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
-    except ChildProcessError:
-        pass
 
 
 def orphan(bin_, tmp):

@@ -54,6 +54,22 @@ def base_env(**extra):
     return env
 
 
+def become_subreaper():
+    """Orphans of this process's descendants (a killed agent's workers) come to it, not to an
+    init that may not reap them, so that the test can reap them (reap())."""
+    import ctypes
+    PR_SET_CHILD_SUBREAPER = 36
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def reap():
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+
+
 def run_ranks(worker, mode, world, deadline, tmp, ranks=None, env_extra=None, first_exit=None,
               **kv):
     """Starts `ranks` (default all) of a `world`-rank run by hand; returns [(rc, output)].

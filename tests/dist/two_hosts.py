@@ -50,7 +50,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "checkpoint")]
-from run_dist import TORCHRUN, base_env  # noqa: E402
+from run_dist import TORCHRUN, base_env, become_subreaper, reap  # noqa: E402
 from same_state import count_tensors, same  # noqa: E402
 
 STEPS = 30
@@ -123,22 +123,6 @@ def empty_namespace(ns, bound=10.0):
                 pass
         time.sleep(0.05)
     raise Failure(f"processes {namespace_pids(ns)} in namespace {ns} outlived SIGKILL by {bound} s")
-
-
-def become_subreaper():
-    """The orphans of killed agents (their workers) come to this process, which reaps them at
-    the end, rather than to an init that may not."""
-    import ctypes
-    PR_SET_CHILD_SUBREAPER = 36
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
-def reap():
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
-    except ChildProcessError:
-        pass
 
 
 def remove_stale():
@@ -441,13 +425,18 @@ class Test:
                 sh("tc", "-n", self.hosts.ns[h], "qdisc", "del", "dev", self.hosts.veth[h], "root",
                    ok=False)
 
-    def partition(self, ref):
-        d = self.tmp / "partition_dir"
+    def checkpointed(self, name):
+        """A fresh checkpoint directory and final state file for a run that saves every 5 steps:
+        (directory, file, loom_resume's arguments)."""
+        d = self.tmp / f"{name}_dir"
         shutil.rmtree(d, ignore_errors=True)
-        out = self.tmp / "partition.pt"
+        out = self.tmp / f"{name}.pt"
         out.unlink(missing_ok=True)
-        args = COMMON + [f"strategy={PARTITION_STRATEGY}", f"dir={d}", "every=5",
-                         f"step_ms={STEP_MS}", f"out={out}"]
+        return d, out, COMMON + [f"strategy={PARTITION_STRATEGY}", f"dir={d}", "every=5",
+                                 f"step_ms={STEP_MS}", f"out={out}"]
+
+    def partition(self, ref):
+        d, out, args = self.checkpointed("partition")
         l = self.two_hosts("partition", args)
         try:
             l.wait_for(rf"^loom_resume: rank \d step {CUT_AT}$")
@@ -554,12 +543,7 @@ class Test:
         """After a resume that is not bitwise: the same on one host (4 ranks on loopback, all
         SIGKILLed after step s + 2, relaunched on the directory), to tell a resume that is never
         bitwise at this world size from one the partition spoilt."""
-        d = self.tmp / "one_host_resume_dir"
-        shutil.rmtree(d, ignore_errors=True)
-        one = self.tmp / "one_host_resume.pt"
-        one.unlink(missing_ok=True)
-        args = COMMON + [f"strategy={PARTITION_STRATEGY}", f"dir={d}", "every=5",
-                         f"step_ms={STEP_MS}", f"out={one}"]
+        d, one, args = self.checkpointed("one_host_resume")
         l = self.one_host("one_host_killed", args)
         try:
             l.wait_for(rf"^loom_resume: rank \d step {s + 2}$")
