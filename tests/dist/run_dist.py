@@ -360,17 +360,20 @@ def cuda_devices():
 SMOKE = "smoke test only: 1 GPU, nothing compared across ranks"
 
 
-def case_cuda(worker, tmp, backend, zero=0, shared_gpu=False):
+def case_cuda(worker, tmp, backend, zero=0, shared_gpu=False, env_extra=None):
     """NCCL (`shared_gpu` False): 2 ranks on GPUs 0 and 1 (each its LOCAL_RANK's) when torch sees
     2 or more; on one GPU a single rank, which can only be compared with a one-process run (a
-    smoke test, said in the result line). gloo (`shared_gpu`): 2 ranks on GPU 0."""
+    smoke test, said in the result line). gloo (`shared_gpu`): 2 ranks on GPU 0. `env_extra`:
+    more variables for the ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL: c10d's ProcessGroupWrapper
+    checks every collective)."""
     gpus = cuda_devices()
     if gpus == 0:
         raise Failure("torch sees no CUDA device")
     name = backend + (f" zero{zero}" if zero else "")
     if shared_gpu or gpus >= 2:
         gpu = 0 if shared_gpu else "local"
-        res, t = run_ranks(worker, "cuda", 2, 300, tmp, backend=backend, gpu=gpu, zero=zero)
+        res, t = run_ranks(worker, "cuda", 2, 300, tmp, env_extra=env_extra, backend=backend,
+                           gpu=gpu, zero=zero)
         for r in range(2):
             expect(res, 0, f"cuda {name}: 2 ranks, params on cuda:{0 if shared_gpu else r}, "
                    "equal across ranks at setup yes, after 5 steps yes, all_reduce ok",
@@ -378,7 +381,8 @@ def case_cuda(worker, tmp, backend, zero=0, shared_gpu=False):
         where = "one GPU" if shared_gpu else "GPUs 0 and 1"
         return (f"2 ranks, {name} on {where} ({gpus} seen), compared across ranks, "
                 f"{t:.1f} s")
-    res, t = run_ranks(worker, "cuda", 1, 300, tmp, backend=backend, gpu=0, zero=zero)
+    res, t = run_ranks(worker, "cuda", 1, 300, tmp, env_extra=env_extra, backend=backend, gpu=0,
+                       zero=zero)
     expect(res, 0, f"cuda {name}: 1 rank, params on cuda:0 ({SMOKE}); against the same 5 steps "
            "without a strategy: max|diff| ", "within 1e-6 yes")
     line = next(x for x in res[0][1].splitlines() if f"cuda {name}: 1 rank" in x)
@@ -397,6 +401,9 @@ CASES = {
     "cuda_nccl": lambda w, t: case_cuda(w, t, "nccl"),
     "cuda_gloo": lambda w, t: case_cuda(w, t, "gloo", shared_gpu=True),
     "cuda_zero": lambda w, t: case_cuda(w, t, "nccl", zero=2),
+    # The same collectives through c10d's ProcessGroupWrapper (gloo on CUDA tensors, 2 ranks).
+    "cuda_detail": lambda w, t: case_cuda(w, t, "gloo", shared_gpu=True,
+                                          env_extra={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}),
 }
 
 
