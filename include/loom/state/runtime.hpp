@@ -109,7 +109,7 @@ Dict runtime_state(R& rt) {
 /// and the strategy's. Precision-specific state (the GradScaler, fp8 scales) needs the
 /// precision it was saved under: otherwise (or when it is missing) loom::Error when
 /// options.strict, else a warning naming it and the state is dropped. A file from another
-/// world size is a loom::Error unless options.world_size_may_change: then ranks below the
+/// world size: the same, unless options.world_size_may_change: then ranks below the
 /// saved world size take the saved rank's device state and the others keep their own, with a
 /// warning (Composer's rule for RNG states).
 template <class R>
