@@ -153,6 +153,20 @@ void write_line(std::ostream& out, const std::vector<std::string>& fields) {
   out << "\r\n";
 }
 
+/// Replaces `path` by `text` whole: written beside it, then renamed over it.
+void replace_file(const fs::path& path, const std::string& text) {
+  const fs::path tmp(path.string() + ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw Error("loom::CsvLogger: cannot write " + tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw Error("loom::CsvLogger: cannot write " + path.string() + ": " + ec.message());
+}
+
 /// A hyper-parameter as YAML (the way PyYAML writes Lightning's hparams.yaml).
 std::string yaml_value(const HyperValue& v) {
   if (const auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
@@ -251,16 +265,7 @@ void CsvLogger::continue_version(int64_t version, int64_t step) {
       write_line(text, fields);
     }
   }
-  const fs::path tmp(path.string() + ".tmp");
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text.str();
-    out.flush();
-    if (!out) throw Error("loom::CsvLogger: cannot write " + tmp.string());
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw Error("loom::CsvLogger: cannot write " + path.string() + ": " + ec.message());
+  replace_file(path, text.str());
   keys_ = header;
 }
 
@@ -306,19 +311,13 @@ void CsvLogger::write_rows(const std::vector<Row>& rows) {
     write_line(text, out);
   }
 
-  const bool rewrite = !exists || keys != keys_;
-  const auto target = rewrite ? fs::path(path.string() + ".tmp") : path;
-  {
-    std::ofstream out(
-        target, rewrite ? std::ios::binary | std::ios::trunc : std::ios::binary | std::ios::app);
+  if (!exists || keys != keys_) {
+    replace_file(path, text.str());
+  } else {
+    std::ofstream out(path, std::ios::binary | std::ios::app);
     out << text.str();
     out.flush();
-    if (!out) throw Error("loom::CsvLogger: cannot write " + target.string());
-  }
-  if (rewrite) {
-    std::error_code ec;
-    fs::rename(target, path, ec);
-    if (ec) throw Error("loom::CsvLogger: cannot write " + path.string() + ": " + ec.message());
+    if (!out) throw Error("loom::CsvLogger: cannot write " + path.string());
   }
   keys_ = std::move(keys);
 }

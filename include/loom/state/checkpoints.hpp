@@ -133,13 +133,33 @@ class Checkpoints {
   void save(Runtime& rt, std::int64_t step, const State& state,
             CheckpointSaveOptions options = {}) {
     if (step < 0) throw Error("loom::Checkpoints::save: the step must be >= 0");
-    try {
-      save_step(rt, step, state, options);
-    } catch (const CollectiveError& e) {
-      if (std::string_view(e.what()).rfind("inside ", 0) == 0) throw;  // rt.save said it
-      throw loom::detail::collective_misuse("loom::Checkpoints::save(" + path(step).string() + ")",
-                                            "ckpt.save(...)", e);
+    // The collectives of this call say where they failed (rt.save says it for its own).
+    auto collective = [&](auto&& run) {
+      try {
+        run();
+      } catch (const CollectiveError& e) {
+        throw loom::detail::collective_misuse(
+            "loom::Checkpoints::save(" + path(step).string() + ")", "ckpt.save(...)", e);
+      }
+    };
+    collective([&] { wait(rt); });  // the last asynchronous write, if any: its error is here
+    const bool writer = rt.strategy().is_global_zero();
+    if (writer) std::filesystem::create_directories(dir_);
+    if (!options.async) {
+      rt.save(path(step), state, checkpoint::SaveOptions{.sync = options.sync});
+      if (writer) finish(step);  // every rank returned once the file was written
+      return;
     }
+    if (!writer_) writer_ = std::make_unique<checkpoint::AsyncWriter>();
+    writer_->set_options(checkpoint::SaveOptions{.sync = options.sync});
+    // rt.save's value, handed to the strategy with an IO that copies it and writes later:
+    // the strategy still decides which ranks write (Ddp: rank 0) and agrees on a failed copy.
+    collective([&] {
+      const c10::IValue value(state::save_entries(state));
+      rt.strategy().save_checkpoint(path(step), value, checkpoint::AsyncFile(*writer_));
+    });
+    pending_ = step;
+    pending_writer_ = writer;
   }
 
   /// Waits for the asynchronous save under way, if any; every rank calls it. A write that
@@ -217,28 +237,6 @@ class Checkpoints {
   }
 
  private:
-  /// save() without the collective error's context.
-  template <class Runtime>
-  void save_step(Runtime& rt, std::int64_t step, const State& state,
-                 CheckpointSaveOptions options) {
-    wait(rt);  // the last asynchronous write, if any: its error is thrown here
-    const bool writer = rt.strategy().is_global_zero();
-    if (writer) std::filesystem::create_directories(dir_);
-    if (!options.async) {
-      rt.save(path(step), state, checkpoint::SaveOptions{.sync = options.sync});
-      if (writer) finish(step);  // every rank returned once the file was written
-      return;
-    }
-    if (!writer_) writer_ = std::make_unique<checkpoint::AsyncWriter>();
-    writer_->set_options(checkpoint::SaveOptions{.sync = options.sync});
-    // rt.save's value, handed to the strategy with an IO that copies it and writes later:
-    // the strategy still decides which ranks write (Ddp: rank 0) and agrees on a failed copy.
-    const c10::IValue value(state::save_entries(state));
-    rt.strategy().save_checkpoint(path(step), value, checkpoint::AsyncFile(*writer_));
-    pending_ = step;
-    pending_writer_ = writer;
-  }
-
   static std::optional<std::int64_t> step_of(std::string_view name) {
     constexpr std::string_view head = "step-", tail = ".pt";
     if (name.size() <= head.size() + tail.size() || name.substr(0, head.size()) != head ||
