@@ -212,13 +212,7 @@ class Runtime {
   at::Tensor backward(const at::Tensor& loss, M& module) {
     torch::nn::Module& m = detail::as_module(module);
     if (forwards_.first_direct_backward()) [[unlikely]] {
-      TORCH_WARN(
-          "loom::Runtime::backward: no rt.forward ran since the last optimizer step, "
-          "so the model was called directly and ",
-          precision_name(),
-          "'s autocast was off: the forward ran in the weights' dtype, not the "
-          "precision's. Call the model through rt.forward(model, inputs...) (or "
-          "inside rt.forward_context()); this warning is given once");
+      detail::warn_direct_backward(precision_name());
     }
     at::Tensor l = precision_.pre_backward(loss, m);
     strategy_.backward(l, [&] { precision_.backward(l, m); });
@@ -414,22 +408,9 @@ class Runtime {
   Loggers loggers_;
   bool set_up_ = false;  // setup has run: forward refuses to run before it, on every strategy
   // Under a precision whose forward runs in autocast: whether a forward scope opened since the
-  // last step, so that a backward after a direct model call (autocast off) is warned about, once.
-  // Other precisions hold nothing for it.
-  struct ForwardCount {  // two flags: they fit in set_up_'s padding (no bigger runtime)
-    bool opened_since_step = false;
-    bool warned = false;
-    void opened() { opened_since_step = true; }
-    void stepped() { opened_since_step = false; }
-    bool first_direct_backward() { return !opened_since_step && !std::exchange(warned, true); }
-  };
-  struct NoForwardCount {
-    void opened() {}
-    void stepped() {}
-    bool first_direct_backward() { return false; }
-  };
-  [[no_unique_address]] std::conditional_t<Precision::precision().ends_with("-mixed"), ForwardCount,
-                                           NoForwardCount>
+  // last step (detail/runtime_steps.hpp); other precisions hold nothing for it.
+  [[no_unique_address]] std::conditional_t<Precision::precision().ends_with("-mixed"),
+                                           detail::ForwardCount, detail::NoForwardCount>
       forwards_;
 };
 

@@ -48,6 +48,7 @@
 
 #include "backends.hpp"
 #include "ddp_state.hpp"
+#include "roll_call.hpp"
 
 namespace loom::dist {
 namespace {
@@ -289,11 +290,17 @@ namespace {
   }
   s.failed = true;
   s.abandon();
+  // Which peers are gone, as the store sees them (gloo's timeouts name none).
+  std::string peers;
+  if (s.store && !s.env.master_addr.empty()) {
+    peers = " " + detail::roll_call(s.store, s.env.rank, s.env.world_size,
+                                    s.env.master_addr + ":" + std::to_string(s.env.master_port));
+  }
   throw CollectiveError(
       s.name + ": " + std::string(what) + " failed on rank " + std::to_string(s.env.rank) + " of " +
       std::to_string(s.env.world_size) + " processes (timeout " + seconds(s.options.timeout) +
-      "): " + text +
-      ". Another rank has died, hung for longer than the timeout or stopped calling "
+      "): " + text + "." + peers +
+      " Another rank has died, hung for longer than the timeout or stopped calling "
       "collectives: check the other ranks' output (torchrun names the rank that failed "
       "first), that every rank runs the same number of steps (a DistributedSampler "
       "gives each the same count), and loom::DdpOptions::timeout (TORCH_DISTRIBUTED_DEBUG="
@@ -543,6 +550,30 @@ void register_comm_hook(detail::DdpState& s) {
   }
 }
 
+/// Refuses a saved bucket layout that is not `count` parameters each once.
+void check_bucket_order(const detail::DdpState& s,
+                        const std::vector<std::vector<std::size_t>>& buckets, std::size_t count) {
+  std::vector<bool> seen(count, false);
+  std::size_t total = 0;
+  for (const auto& bucket : buckets) {
+    for (std::size_t i : bucket) {
+      if (i >= count || seen[i]) {
+        throw Error(s.name + "::load_state_dict: the checkpoint's bucket_order names parameter " +
+                    std::to_string(i) + (i >= count ? " of " : " twice among ") +
+                    std::to_string(count) +
+                    " (it was saved for another model; every rank must build the same one)");
+      }
+      seen[i] = true;
+      ++total;
+    }
+  }
+  if (total != count) {
+    throw Error(s.name + "::load_state_dict: the checkpoint's bucket_order holds " +
+                std::to_string(total) + " parameters, this model's reducer " +
+                std::to_string(count) + " (it was saved for another model)");
+  }
+}
+
 /// The reducer, as Python builds it: one bucket for the first iteration unless unused
 /// parameters are searched for (without a static graph), then rebuilt in gradient-ready
 /// order; its Logger with it; a static graph set on both (Python's _set_static_graph).
@@ -562,6 +593,7 @@ void build_reducer(detail::DdpState& s, ReducedParameters reduced) {
   auto buckets =
       std::get<0>(c10d::compute_bucket_assignment_by_size(reduced.params, limits, sparse));
   std::reverse(buckets.begin(), buckets.end());
+  s.reduced_params = reduced.params;
   s.reducer = std::make_shared<c10d::Reducer>(
       reduced.params, std::move(buckets), s.group, std::move(sparse), cap,
       s.options.find_unused_parameters, s.options.gradient_as_bucket_view, std::move(reduced.names),
@@ -576,6 +608,10 @@ void build_reducer(detail::DdpState& s, ReducedParameters reduced) {
     s.logger->set_static_graph();
   }
   register_comm_hook(s);
+  if (!s.loaded_buckets.empty()) {
+    check_bucket_order(s, s.loaded_buckets, s.reduced_params.size());
+    s.reducer->initialize_buckets(std::exchange(s.loaded_buckets, {}));
+  }
 }
 
 }  // namespace
@@ -591,7 +627,13 @@ void Ddp::setup(torch::nn::Module& module, c10::Device device, std::string_view 
   s.module = &module;
   if (s.env.single_process) return;  // one process: nothing to connect or reduce
   ignore_default_sigpipe();
-  connect_process_group(s, connect_store(s), device);
+  s.store = connect_store(s);
+  connect_process_group(s, s.store, device);
+  try {
+    detail::announce_host(*s.store, s.env.rank, s.env.master_addr);
+  } catch (...) {
+    throw_failure(s, "writing this rank's address to the store", std::current_exception());
+  }
   check_same_parameters_on_every_rank(s, reduced.params);
   broadcast_module_state(s, module, 0);
   if (s.reduce_gradients) build_reducer(s, std::move(reduced));
@@ -967,8 +1009,50 @@ c10::IValue Ddp::load_checkpoint(const std::filesystem::path& path,
   return checkpoint::merge_shards(path, io.load(path, device), io, device);
 }
 
+StateDict Ddp::state_dict() const {
+  const auto& s = *state_;
+  if (!s.reducer) return {};
+  std::unordered_map<const void*, std::int64_t> index;
+  for (std::size_t i = 0; i < s.reduced_params.size(); ++i) {
+    index.emplace(s.reduced_params[i].unsafeGetTensorImpl(), static_cast<std::int64_t>(i));
+  }
+  c10::impl::GenericList buckets(c10::ListType::ofInts());
+  // The buckets' own gradient tensors (no copies): only their parameters are read.
+  for (const auto& bucket : s.reducer->get_grad_buckets(/*return_zero_tensors=*/false)) {
+    c10::List<std::int64_t> ids;
+    for (const auto& p : bucket.getParameters()) ids.push_back(index.at(p.unsafeGetTensorImpl()));
+    buckets.push_back(std::move(ids));
+  }
+  return {{"bucket_order", buckets}};
+}
+
 void Ddp::load_state_dict(const StateDict& state) {
-  loom::detail::refuse_state(strategy(), "strategy", state);
+  auto& s = *state_;
+  StateDict rest = state;
+  const auto found = rest.find("bucket_order");
+  if (found == rest.end()) return loom::detail::refuse_state(strategy(), "strategy", rest);
+  const c10::IValue order = found->second;
+  rest.erase(found);
+  loom::detail::refuse_state(strategy(), "strategy", rest);
+  const std::string bad = s.name +
+                          "::load_state_dict: bucket_order is not a list of lists of "
+                          "parameter indices";
+  if (!order.isList()) throw Error(bad);
+  std::vector<std::vector<std::size_t>> buckets;
+  for (const c10::IValue& bucket : order.toListRef()) {
+    if (!bucket.isList()) throw Error(bad);
+    auto& ids = buckets.emplace_back();
+    for (const c10::IValue& i : bucket.toListRef()) {
+      if (!i.isInt() || i.toInt() < 0) throw Error(bad);
+      ids.push_back(static_cast<std::size_t>(i.toInt()));
+    }
+  }
+  if (!s.reducer) {  // before setup, or one process: setup applies it (or has nothing to)
+    s.loaded_buckets = std::move(buckets);
+    return;
+  }
+  check_bucket_order(s, buckets, s.reduced_params.size());
+  s.reducer->initialize_buckets(std::move(buckets));
 }
 
 void Ddp::teardown() {

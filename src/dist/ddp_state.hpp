@@ -4,10 +4,12 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
@@ -25,8 +27,12 @@ struct DdpState {
   std::string backend;
   c10::DeviceType device_type = c10::kCPU;
   c10::Device device{c10::kCPU};  // setup's device: where collectives of loom's own tensors run
+  c10::intrusive_ptr<c10d::Store> store;  // the rendezvous store (the roll call after a failure)
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   std::shared_ptr<c10d::Reducer> reducer;
+  std::vector<at::Tensor> reduced_params;  // the reducer's parameters, by its indices
+  /// A bucket layout load_state_dict took before setup built the reducer.
+  std::vector<std::vector<std::size_t>> loaded_buckets;
   std::shared_ptr<c10d::Logger> logger;
   torch::nn::Module* module = nullptr;
   bool sync = true;                      // false while a NoSyncGuard lives
@@ -62,6 +68,7 @@ struct DdpState {
     logger.reset();
     reducer.reset();
     group.reset();
+    store.reset();
   }
 };
 

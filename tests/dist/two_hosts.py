@@ -16,11 +16,11 @@ process-group timeout:
     kernel has no sch_netem this part prints "netem: LOOM-SKIPPED-PART: ..." and the rest goes on;
  4. partition: Ddp with a checkpoint directory (every 5 steps, 100 ms a step); once a rank reached
     step 12, host b's link goes down: every rank must exit non-zero within the timeout + 10 s,
-    and print an error (the lines are printed, and whether they name the lost host); then the
+    and print an error naming the host it lost (the roll call through the store: ranks on host a
+    name the ranks of host b and their address, ranks on host b the store's host, a); then the
     link comes up, two fresh agents on the same directory resume from its last checkpoint and end
     bitwise equal to the one-host run. Where they do not, the same kill and resume on one host
-    says whether the network or the resume is to blame (a Ddp resume with more than 2 ranks is
-    not bitwise at present: docs/distributed.md, "Two hosts, for real").
+    says whether the network or the resume is to blame.
 
 The namespaces share the machine's hostname, which resolves outside them, so each agent gets
 --local-addr (the address its ranks reach it at: torchrun gives it to the workers as MASTER_ADDR)
@@ -57,9 +57,7 @@ STEPS = 30
 TIMEOUT_S = 20  # the process group's timeout (loom::DdpOptions::timeout)
 COMMON = ["precision=32-true", "optimizer=adam", f"steps={STEPS}",
           f"timeout_ms={TIMEOUT_S * 1000}"]
-# loom::Zero stage 2: a loom::Ddp (or stage 1) run resumed on more than 2 ranks is not bitwise
-# yet (the reducer's first bucket layout after a resume; docs/distributed.md).
-PARTITION_STRATEGY = "zero2"
+PARTITION_STRATEGY = "ddp"
 CUT_AT = 12  # the partition: the link goes down once a rank printed this step
 STEP_MS = 100
 LAUNCH_DEADLINE = 120  # one torchrun launch, start to end (about 5-15 s when it works)
@@ -510,9 +508,18 @@ class Test:
             print(f"partition: rank error: {line}", flush=True)
         quiet = [r for r in range(4) if not any(line.startswith(f"rank {r}: ") for line in errors)]
         check(not quiet, f"partition: rank(s) {quiet} exited without printing an error")
-        named = all(ADDR["b"] in line or ADDR["a"] in line for line in errors)
-        print(f"partition: every error line names the other host: {'yes' if named else 'no'}",
-              flush=True)
+        # Each rank names the host it lost: the roll call's sentence, with the other's address.
+        peer = re.compile(r"did not answer a roll call.*rank \d \((10\.77\.0\.\d)"
+                          r"|does not answer this rank either.*lost its link to (10\.77\.0\.\d)")
+        named = {}
+        for line in errors:
+            m = peer.search(line) if line.startswith("rank ") else None
+            if m:
+                named.setdefault(int(line.split(":")[0].split()[1]), m.group(1) or m.group(2))
+        check(len(named) == 4 and set(named.values()) == set(ADDR.values()),
+              f"partition: want every rank's error to name the lost host (ranks of one host the "
+              f"other's address), got {named}")
+        print(f"partition: every rank names the host it lost: {fmt(named, '{}')}", flush=True)
 
         files = sorted(os.listdir(d))
         latest = (d / "latest").read_text().strip() if (d / "latest").exists() else None
@@ -537,7 +544,7 @@ class Test:
               flush=True)
         return {"times": {"partition: ranks out after the cut": max(gone.values()),
                           "partition: resume": t_resume},
-                "cut_step": cut_step, "resumed": s, "named": named}
+                "cut_step": cut_step, "resumed": s}
 
     def diagnose(self, ref, out, s):
         """After a resume that is not bitwise: the same on one host (4 ranks on loopback, all

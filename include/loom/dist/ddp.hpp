@@ -302,7 +302,15 @@ class Ddp {
   c10::IValue load_checkpoint(const std::filesystem::path& path, const checkpoint::CheckpointIO& io,
                               c10::Device device);
 
-  StateDict state_dict() const { return {}; }
+  /// {"bucket_order": the reducer's buckets, each a list of parameter indices} once the
+  /// reducer is built (else empty): the layout its all-reduces sum in, which the reducer
+  /// rebuilds after its first step. On 3 ranks and more a sum's rounding depends on an
+  /// element's place in its bucket, so a resumed run must reduce in the saved layout to stay
+  /// bitwise.
+  StateDict state_dict() const;
+  /// Takes state_dict()'s layout (applied now, or when setup builds the reducer); an empty
+  /// state is fine. Another key, or a layout that is not one of this model's parameters each
+  /// once, is a loom::Error.
   void load_state_dict(const StateDict& state);
   /// A barrier, then the process group shuts down (no "connection closed by peer" on the
   /// others); called by Runtime::teardown, and by the destructor if not called before.

@@ -210,7 +210,8 @@ class Zero {
   c10::IValue load_checkpoint(const std::filesystem::path& path, const checkpoint::CheckpointIO& io,
                               c10::Device device);
 
-  StateDict state_dict() const { return {}; }
+  /// Stage 1: the reducer's bucket layout (Ddp::state_dict); stage 2: empty.
+  StateDict state_dict() const { return ddp_.state_dict(); }
   void load_state_dict(const StateDict& state) { ddp_.load_state_dict(state); }
   void teardown() { ddp_.teardown(); }
 

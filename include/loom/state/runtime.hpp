@@ -6,7 +6,8 @@
 //    "device": [each rank's device state: {"torch": CPU RNG, "torch.cuda": CUDA RNG}],
 //    "precision_state": {the GradScaler's five keys under 16-mixed, fp8-mixed's scales, else
 //                        empty},
-//    "strategy": {the strategy's state},
+//    "strategy": {the strategy's state (Ddp's and Zero stage 1's: the reducer's buckets)},
+//    "strategy_name": "ddp" (the strategy that saved it: another one ignores its state),
 //    "loggers": [each logger of rt.loggers(): {"version": its version_N (-1: none),
 //                "step": the last step it logged (-1: none)}]}
 #include <concepts>
@@ -94,6 +95,7 @@ Dict runtime_state(R& rt) {
   d.insert("device", detail::gather_device_states(rt));
   d.insert("precision_state", detail::to_dict(rt.precision().state_dict()));
   d.insert("strategy", detail::to_dict(rt.strategy().state_dict()));
+  d.insert("strategy_name", std::string(rt.strategy().strategy()));
   c10::impl::GenericList loggers(c10::AnyType::get());
   for (const auto& logger : rt.loggers().all()) {
     Dict l = new_dict();
@@ -185,7 +187,13 @@ void load_runtime_state(R& rt, const c10::IValue& value, const LoadOptions& opti
                                            "\", which has no state; this runtime's \"" + name +
                                            "\" needs its own (" + mine.begin()->first + ", ...)");
   }
-  if (has(d, "strategy")) {
+  // The strategy's state is the saving strategy's own (a reduction layout): another strategy
+  // (a Ddp run resumed in one process, say) starts without it. Files from before the name
+  // was saved hold an empty state.
+  const bool same_strategy = !has(d, "strategy_name") ||
+                             string_of(at(d, "strategy_name", path), load_owner,
+                                       join(path, "strategy_name")) == rt.strategy().strategy();
+  if (same_strategy && has(d, "strategy")) {
     rt.strategy().load_state_dict(detail::from_dict(at(d, "strategy", path), path + ".strategy"));
   }
   // Loggers: the i-th logger of this runtime writes on where the saved run's i-th wrote.

@@ -1,5 +1,6 @@
 // loom::Zero on one process: Python's partition, the strategy's optimizer_step and clip hooks,
-// errors. Two and four ranks, and parity with Python's ZeroRedundancyOptimizer: dist.zero.
+// errors, and the strategy state that Ddp and Zero checkpoint. Two and four ranks, and parity
+// with Python's ZeroRedundancyOptimizer: dist.zero.
 #include "support/catch.hpp"
 
 #ifdef LOOM_TEST_DIST
@@ -136,6 +137,45 @@ TEST_CASE("Zero refuses what it cannot shard", "[zero]") {
                     Contains("has a parameter that is not one of the module's trainable "
                              "parameters (shape [3])"));
   CHECK(opt.param_groups()[0].params().size() == 7);  // nothing narrowed
+}
+
+TEST_CASE("Ddp's and Zero's state is the reducer's bucket layout, restored by the same strategy",
+          "[zero][ddp][checkpoint]") {
+  c10::impl::GenericList order(c10::ListType::ofInts());
+  order.push_back(c10::List<std::int64_t>({1, 0}));
+  loom::Ddp ddp;
+  CHECK(ddp.state_dict().empty());  // one process: no reducer, no layout
+  CHECK_NOTHROW(ddp.load_state_dict({{"bucket_order", order}}));  // kept for a reducer
+  CHECK_NOTHROW(ddp.load_state_dict({}));                         // an older file
+  CHECK_THROWS_WITH(ddp.load_state_dict({{"bucket_order", c10::IValue("0 1")}}),
+                    Contains("loom::Ddp::load_state_dict: bucket_order is not a list of lists "
+                             "of parameter indices"));
+  c10::impl::GenericList negative(c10::ListType::ofInts());
+  negative.push_back(c10::List<std::int64_t>({-1}));
+  CHECK_THROWS_WITH(ddp.load_state_dict({{"bucket_order", negative}}),
+                    Contains("bucket_order is not a list of lists"));
+  CHECK_THROWS_WITH(ddp.load_state_dict({{"bucket_order", order}, {"extra", 1}}),
+                    Contains("unexpected key(s) \"extra\""));
+  loom::Zero zero;
+  CHECK(zero.state_dict().empty());
+  CHECK_THROWS_WITH(zero.load_state_dict({{"bucket_order", c10::IValue(3)}}),
+                    Contains("loom::Zero::load_state_dict: bucket_order is not a list"));
+
+  // The runtime's entry restores a strategy's state under the strategy that saved it only.
+  loom::Runtime<loom::Cpu, loom::Fp32> one;
+  loom::state::Dict entry = loom::state::runtime_state(one);
+  CHECK(entry.at("strategy_name").toStringRef() == "single_device");
+  loom::state::Dict ddp_state = loom::state::new_dict();
+  ddp_state.insert("bucket_order", order);
+  entry.insert_or_assign("strategy", ddp_state);
+  entry.insert_or_assign("strategy_name", std::string("ddp"));
+  CHECK_NOTHROW(loom::state::load_runtime_state(one, entry, {}));  // Ddp's layout: not ours
+  entry.insert_or_assign("strategy_name", std::string("single_device"));
+  CHECK_THROWS_WITH(loom::state::load_runtime_state(one, entry, {}),
+                    Contains("the single_device strategy has no state: unexpected key(s) "
+                             "\"bucket_order\""));
+  CHECK(entry.erase("strategy_name") == 1);  // a file from before the name: passed on
+  CHECK_THROWS_WITH(loom::state::load_runtime_state(one, entry, {}), Contains("has no state"));
 }
 
 #endif  // LOOM_TEST_DIST
