@@ -10,8 +10,11 @@ if(NOT LOOM_GLOO_INCLUDE_DIR)
   return()
 endif()
 set(_loom_dist "${PROJECT_SOURCE_DIR}/src/dist")
-add_library(loom_dist STATIC ${_loom_dist}/ddp.cpp ${_loom_dist}/gloo.cpp ${_loom_dist}/nccl.cpp
-            ${_loom_dist}/roll_call.cpp ${_loom_dist}/zero.cpp)
+add_library(loom_dist STATIC
+            ${_loom_dist}/comm_hooks.cpp ${_loom_dist}/ddp.cpp ${_loom_dist}/environment.cpp
+            ${_loom_dist}/gloo.cpp ${_loom_dist}/join.cpp ${_loom_dist}/nccl.cpp
+            ${_loom_dist}/process_group.cpp ${_loom_dist}/roll_call.cpp ${_loom_dist}/zero.cpp
+            ${_loom_dist}/zero_checkpoint.cpp)
 add_library(loom::dist ALIAS loom_dist)
 set_target_properties(loom_dist PROPERTIES EXPORT_NAME dist POSITION_INDEPENDENT_CODE ON)
 target_link_libraries(loom_dist PUBLIC loom)

@@ -1,0 +1,216 @@
+// loom::Zero's checkpoints: the optimizer state consolidated on rank 0 (in Python's layout) or
+// written as one shard per rank, and read back at any world size.
+#include <loom/dist/zero.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <iomanip>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/core/Dict.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <loom/checkpoint/mapped.hpp>
+#include <loom/checkpoint/shards.hpp>
+#include <loom/detail/agree_on_failure.hpp>
+#include <loom/error.hpp>
+
+#include "ddp_state.hpp"
+#include "zero_state.hpp"
+
+namespace loom::dist {
+
+namespace {
+
+using detail::DdpAccess;
+
+/// Whether a checkpoint value is an optimizer's state in Python's layout.
+bool is_optimizer_entry(const c10::IValue& v) {
+  if (!v.isGenericDict()) return false;
+  const auto d = v.toGenericDict();
+  return d.size() == 2 && d.contains("state") && d.contains("param_groups");
+}
+
+/// Every rank's `mine` on rank 0, its own first, by point-to-point messages (the other ranks
+/// get nothing back): what rank 0 needs to consolidate, 1/world of a broadcast's traffic.
+std::vector<c10::IValue> gather_on_zero(detail::DdpState& s, int rank, int world,
+                                        const c10::IValue& mine,
+                                        std::chrono::milliseconds timeout) {
+  std::vector<c10::IValue> out;
+  const auto on_device = at::TensorOptions().device(s.device);
+  if (rank != 0) {
+    const std::vector<char> bytes = torch::jit::pickle_save(mine);
+    const auto n = static_cast<std::int64_t>(bytes.size());
+    std::vector<at::Tensor> size{at::full({1}, n, on_device.dtype(at::kLong))};
+    at::Tensor data = at::empty({n}, at::TensorOptions().dtype(at::kByte));
+    std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
+    std::vector<at::Tensor> payload{data.to(s.device)};
+    s.group->send(size, 0, 0)->wait(timeout);
+    s.group->send(payload, 0, 1)->wait(timeout);
+    return out;
+  }
+  out.push_back(mine);
+  for (int r = 1; r < world; ++r) {
+    std::vector<at::Tensor> size{at::empty({1}, on_device.dtype(at::kLong))};
+    s.group->recv(size, r, 0)->wait(timeout);
+    const auto n = size.front().cpu().item<std::int64_t>();
+    std::vector<at::Tensor> payload{at::empty({n}, on_device.dtype(at::kByte))};
+    s.group->recv(payload, r, 1)->wait(timeout);
+    const at::Tensor data = payload.front().cpu();
+    const auto* first = static_cast<const char*>(data.data_ptr());
+    out.push_back(torch::jit::pickle_load(std::vector<char>(first, first + n)));
+  }
+  return out;
+}
+
+/// A name no earlier save of the same path used: the shard files of a save that did not
+/// finish never mix with those an index names.
+std::string new_shard_tag() {
+  const auto now = static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch() /
+                                              std::chrono::nanoseconds(1));
+  const std::uint64_t mixed = now ^ (static_cast<std::uint64_t>(std::random_device{}()) << 32);
+  std::ostringstream out;
+  out << std::hex << std::setw(16) << std::setfill('0') << mixed;
+  return out.str();
+}
+
+/// Removes the shard files of `path` that a save other than `tag`'s wrote (an older save of
+/// the same path, or one that did not finish). Best effort: what cannot go stays.
+void remove_other_shards(const std::filesystem::path& path, const std::string& tag) {
+  for (const auto& [file, other] : checkpoint::shard_files(path)) {
+    if (other == tag) continue;
+    std::error_code ec;
+    std::filesystem::remove(file, ec);
+  }
+}
+
+}  // namespace
+
+void Zero::save_checkpoint(const std::filesystem::path& path, const c10::IValue& value,
+                           const checkpoint::CheckpointIO& io) {
+  auto& s = DdpAccess::state(ddp_);
+  if (!s.group || !value.isGenericDict()) {
+    ddp_.save_checkpoint(path, value, io);
+    return;
+  }
+  // Each rank's optimizer entries hold the state of its shard's parameters (their ids are the
+  // whole groups').
+  const auto top = value.toGenericDict();
+  c10::impl::GenericDict mine(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& item : top) {
+    if (is_optimizer_entry(item.value())) {
+      mine.insert(item.key(), item.value().toGenericDict().at("state"));
+    }
+  }
+  if (mine.empty()) {
+    ddp_.save_checkpoint(path, value, io);
+    return;
+  }
+  if (options_.checkpoint == ZeroCheckpoint::sharded) {
+    // Every rank but 0 writes its states beside the main file, then rank 0 writes the main
+    // file (its own states and the index) once every shard is in place.
+    auto& z = *state_;
+    std::string tag;
+    try {
+      tag = ddp_.broadcast_object(rank() == 0 ? new_shard_tag() : std::string(), 0);
+    } catch (...) {
+      fail("the sharded save's name", std::current_exception());
+    }
+    checkpoint::ShardIndex index;
+    index.world_size = world_size();
+    for (int r = 1; r < world_size(); ++r) {
+      index.files.push_back(checkpoint::shard_path(path, tag, r, world_size()).filename().string());
+    }
+    for (std::size_t i = 0; i < z.params.size(); ++i) {
+      index.owners.push_back(z.owners[i]);
+      index.numels.push_back(z.params[i].numel());
+    }
+    std::string failure;
+    const auto own = checkpoint::shard_path(path, tag, rank(), world_size());
+    if (rank() != 0) {
+      try {
+        io.save(own, c10::IValue(mine));
+      } catch (const std::exception& e) {
+        failure = *e.what() ? e.what() : "an error with no message";
+      }
+    }
+    loom::detail::agree_on_failure(ddp_, s.device, failure,
+                                   "loom::Zero: writing the shard " + own.filename().string());
+    ddp_.save_checkpoint(path, rank() == 0 ? checkpoint::with_shard_index(value, index) : value,
+                         io);
+    if (rank() == 0) remove_other_shards(path, tag);
+    return;
+  }
+  // Consolidated: every rank's states go to rank 0, which merges them by id and writes.
+  std::vector<c10::IValue> all;
+  try {
+    all = gather_on_zero(s, rank(), world_size(), c10::IValue(mine), options_.ddp.timeout);
+  } catch (...) {
+    fail("gathering the optimizer state on rank 0", std::current_exception());
+  }
+  if (rank() != 0) {
+    ddp_.save_checkpoint(path, value, io);
+    return;
+  }
+  std::map<std::string, std::map<std::int64_t, c10::IValue>> merged;
+  for (const auto& got : all) {
+    for (const auto& entry : got.toGenericDict()) {
+      auto& states = merged[entry.key().toStringRef()];
+      for (const auto& e : entry.value().toGenericDict()) {
+        states.insert_or_assign(e.key().toInt(), e.value());
+      }
+    }
+  }
+  auto whole = top.copy();
+  for (auto& [name, states] : merged) {
+    auto entry = top.at(name).toGenericDict().copy();
+    c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
+    for (auto& [id, v] : states) state.insert(id, v);
+    entry.insert_or_assign("state", state);
+    whole.insert_or_assign(name, entry);
+  }
+  ddp_.save_checkpoint(path, c10::IValue(whole), io);
+}
+
+c10::IValue Zero::load_checkpoint(const std::filesystem::path& path,
+                                  const checkpoint::CheckpointIO& io, c10::Device device) {
+  auto& s = DdpAccess::state(ddp_);
+  if (!s.group) return ddp_.load_checkpoint(path, io, device);
+  // Every rank reads the main file; of a sharded checkpoint, every shard, or only its own when
+  // this run partitions the parameters as the saving run did. Any rank's failure is every
+  // rank's (a rank that went on alone would wait for the others at its next collective).
+  const auto& z = *state_;
+  c10::IValue value;
+  std::string failure;
+  try {
+    // Every CRC-32 checked here, inside the agreement (not as rt.load copies the tensors): a
+    // corrupted shard fails every rank.
+    checkpoint::DeferredChecks checks;
+    value = io.load(path, device);
+    if (checkpoint::has_shard_index(value)) {
+      const auto index = checkpoint::shard_index(value, path);
+      bool same = index.world_size == world_size() && index.owners.size() == z.params.size() &&
+                  !z.params.empty();
+      for (std::size_t i = 0; same && i < z.params.size(); ++i) {
+        same = index.owners[i] == z.owners[i] && index.numels[i] == z.params[i].numel();
+      }
+      value = checkpoint::merge_shards(path, std::move(value), io, device,
+                                       [&](int r) { return !same || r == rank(); });
+    }
+    checks.finish();
+  } catch (const std::exception& e) {
+    failure = *e.what() ? e.what() : "an error with no message";
+  }
+  loom::detail::agree_on_failure(ddp_, s.device, failure, "loom::Zero: loading " + path.string());
+  return value;
+}
+
+}  // namespace loom::dist
