@@ -76,90 +76,71 @@ std::string roll_call(const c10::intrusive_ptr<c10d::Store>& store, int rank, in
   // The store's calls run on a thread of their own: a TCPStore client whose host is cut off
   // blocks in its socket far longer than any timeout set on the store, and this rank must
   // leave with its error in bounded time. The thread keeps the store alive and is left
-  // behind, blocked, when the store does not answer.
+  // behind, blocked, when the store does not answer. It reports twice: once its own answer is
+  // written, then the ranks that did not answer, each with the address it announced.
   struct Call {
     std::promise<void> answered;
-    std::promise<std::vector<int>> missing;
+    std::promise<std::vector<std::string>> missing;
   };
   auto call = std::make_shared<Call>();
   auto answered = call->answered.get_future();
-  auto missing_ranks = call->missing.get_future();
+  auto missing = call->missing.get_future();
   std::thread([call, store, rank, world_size] {
     bool said = false;
     try {
       store->set(answer_key(rank), std::vector<std::uint8_t>{'1'});
       call->answered.set_value();
       said = true;
-      std::vector<int> missing;
+      std::vector<int> silent;
       const auto deadline = std::chrono::steady_clock::now() + answer_time;
       for (;;) {
-        missing.clear();
+        silent.clear();
         for (int r = 0; r < world_size; ++r) {
-          if (!store->check({answer_key(r)})) missing.push_back(r);
+          if (!store->check({answer_key(r)})) silent.push_back(r);
         }
-        if (missing.empty() || std::chrono::steady_clock::now() >= deadline) break;
+        if (silent.empty() || std::chrono::steady_clock::now() >= deadline) break;
         std::this_thread::sleep_for(poll_every);
       }
-      call->missing.set_value(std::move(missing));
+      std::vector<std::string> names;
+      for (int r : silent) {
+        std::string name = "rank " + std::to_string(r);
+        if (store->check({host_key(r)})) name += " (" + to_string(store->get(host_key(r))) + ")";
+        names.push_back(std::move(name));
+      }
+      call->missing.set_value(std::move(names));
     } catch (...) {
       if (!said) call->answered.set_exception(std::current_exception());
       call->missing.set_exception(std::current_exception());
     }
   }).detach();
-  const std::string host = where.substr(0, where.rfind(':'));
   auto unreachable = [&](const std::string& why) {
     return "The rendezvous store at " + where + " does not answer this rank either (" + why +
-           "): this rank has lost its link to " + host +
+           "): this rank has lost its link to " + where.substr(0, where.rfind(':')) +
            ", or the process that hosts the store there (rank 0, or torchrun's agent) is gone.";
   };
-  auto first_line = [](std::exception_ptr e) {
-    std::string text = loom::detail::message_of(e);
-    if (const auto cut = text.find('\n'); cut != std::string::npos) text.resize(cut);
-    return text;
-  };
-  if (answered.wait_for(store_timeout) != std::future_status::ready) {
-    return unreachable("no reply within " + std::to_string(store_timeout.count() / 1000) + " s");
-  }
-  std::vector<int> missing;
+  std::vector<std::string> names;
   try {
+    if (answered.wait_for(store_timeout) != std::future_status::ready) {
+      return unreachable("no reply within " + std::to_string(store_timeout.count() / 1000) + " s");
+    }
     answered.get();
-    if (missing_ranks.wait_for(answer_time + store_timeout) != std::future_status::ready) {
+    if (missing.wait_for(answer_time + 2 * store_timeout) != std::future_status::ready) {
       return unreachable("it stopped replying during the roll call");
     }
-    missing = missing_ranks.get();
+    names = missing.get();
   } catch (...) {
-    return unreachable(first_line(std::current_exception()));
+    std::string text = loom::detail::message_of(std::current_exception());
+    if (const auto cut = text.find('\n'); cut != std::string::npos) text.resize(cut);
+    return unreachable(text);
   }
-  if (missing.empty()) {
+  if (names.empty()) {
     return "Every rank answered a roll call through the rendezvous store: none has died or "
            "lost its link (look for a rank that stopped calling collectives).";
   }
-  // The addresses the missing ranks announced at setup, read on the same thread discipline.
-  auto hosts = std::make_shared<std::promise<std::string>>();
-  auto named = hosts->get_future();
-  std::thread([hosts, store, missing] {
-    try {
-      std::string names;
-      for (int r : missing) {
-        names += names.empty() ? "" : "; ";
-        names += "rank " + std::to_string(r);
-        if (store->check({host_key(r)})) names += " (" + to_string(store->get(host_key(r))) + ")";
-      }
-      hosts->set_value(names);
-    } catch (...) {
-      hosts->set_exception(std::current_exception());
-    }
-  }).detach();
-  std::string names;
-  try {
-    if (named.wait_for(store_timeout) == std::future_status::ready) names = named.get();
-  } catch (...) {
-  }
-  if (names.empty()) {
-    for (int r : missing) names += (names.empty() ? "rank " : ", rank ") + std::to_string(r);
-  }
+  std::string list;
+  for (const auto& name : names) list += (list.empty() ? "" : "; ") + name;
   return "Ranks that did not answer a roll call through the rendezvous store within " +
-         std::to_string(answer_time.count() / 1000) + " s: " + names +
+         std::to_string(answer_time.count() / 1000) + " s: " + list +
          ": they have died, lost their link to this host or still wait in a collective.";
 }
 

@@ -18,8 +18,8 @@ void announce_host(c10d::Store& store, int rank, const std::string& master_addr)
 /// store and waits up to two seconds for the others; the ranks that did not answer are named
 /// with their addresses ("they have died, lost their link or still wait in a collective").
 /// The store's calls run on a thread that is left behind when the store does not answer, so
-/// the sentence comes within 11 s whatever the network does (3 s for the answer, 5 s for the
-/// others', 3 s for their addresses; 2 s when a rank is gone and the store answers). A store
+/// the sentence comes within 11 s whatever the network does (3 s for the answer, 8 s for the
+/// others' answers and their addresses; 2 s when a rank is gone and the store answers). A store
 /// that does not answer in time means that this rank lost its link to the store's host,
 /// `where` (MASTER_ADDR:MASTER_PORT), or that the store's process is gone, and the sentence
 /// says so.
