@@ -1,4 +1,5 @@
-# The loom::dist library (see the top-level CMakeLists.txt): loom::Ddp's definitions.
+# The loom::dist library (see the top-level CMakeLists.txt): dist::ProcessGroup's, loom::Ddp's
+# and loom::Zero's definitions.
 # Without gloo's headers loom::dist turns itself off (a status line, never an error, so that a
 # parent project's configure goes on): no target loom_dist, and what uses it checks for it.
 find_path(LOOM_GLOO_INCLUDE_DIR gloo/algorithm.h DOC "gloo's headers (headers only)")
@@ -13,8 +14,8 @@ set(_loom_dist "${PROJECT_SOURCE_DIR}/src/dist")
 add_library(loom_dist STATIC
             ${_loom_dist}/comm_hooks.cpp ${_loom_dist}/ddp.cpp ${_loom_dist}/environment.cpp
             ${_loom_dist}/gloo.cpp ${_loom_dist}/join.cpp ${_loom_dist}/nccl.cpp
-            ${_loom_dist}/process_group.cpp ${_loom_dist}/roll_call.cpp ${_loom_dist}/zero.cpp
-            ${_loom_dist}/zero_checkpoint.cpp)
+            ${_loom_dist}/process_group.cpp ${_loom_dist}/rendezvous.cpp ${_loom_dist}/roll_call.cpp
+            ${_loom_dist}/zero.cpp ${_loom_dist}/zero_checkpoint.cpp)
 add_library(loom::dist ALIAS loom_dist)
 set_target_properties(loom_dist PROPERTIES EXPORT_NAME dist POSITION_INDEPENDENT_CODE ON)
 target_link_libraries(loom_dist PUBLIC loom)

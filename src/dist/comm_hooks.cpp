@@ -71,12 +71,12 @@ void register_comm_hook(detail::DdpState& s) {
       return;
     case CommHook::Kind::Bf16Compress:
       s.logger->set_comm_hook("bf16_compress_hook");
-      s.reducer->register_comm_hook(std::make_unique<Bf16CompressHook>(s.group));
+      s.reducer->register_comm_hook(std::make_unique<Bf16CompressHook>(s.g.group));
       return;
     case CommHook::Kind::User: {
-      auto made = hook.factory()(s.group);
+      auto made = hook.factory()(s.g.group);
       if (!made) {
-        throw Error(s.name + ": the communication hook \"" + hook.name() +
+        throw Error(s.g.name + ": the communication hook \"" + hook.name() +
                     "\"'s factory returned no hook");
       }
       s.logger->set_comm_hook(hook.name());

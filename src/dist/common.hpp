@@ -1,9 +1,12 @@
 #pragma once
-// What loom::Ddp's translation units call in one another (each function is defined in the file
-// named above it): environment.cpp, comm_hooks.cpp, process_group.cpp, ddp.cpp and join.cpp,
-// split as c10d splits its own (default_comm_hooks.cpp, ProcessGroup*.cpp, reducer.cpp).
+// What the loom::dist library's translation units call in one another (each function is defined
+// in the file named above it): environment.cpp, comm_hooks.cpp, process_group.cpp,
+// rendezvous.cpp, ddp.cpp and join.cpp, split as c10d splits its own (default_comm_hooks.cpp,
+// ProcessGroup*.cpp, TCPStore.cpp, reducer.cpp).
 // Internal to the loom::dist library.
+#include <chrono>
 #include <exception>
+#include <string>
 #include <string_view>
 
 #include <ATen/core/Tensor.h>
@@ -13,6 +16,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "ddp_state.hpp"
+#include "group_state.hpp"
 
 namespace torch::nn {
 class Module;
@@ -37,33 +41,38 @@ void register_comm_hook(DdpState& s);
 
 // process_group.cpp
 
+/// "5 s", or "1500 ms" when not whole seconds.
+std::string seconds(std::chrono::milliseconds t);
+
 /// Whether `error` came from communication (a peer, the network, a timeout), not from a misuse
 /// the reducer diagnosed.
 bool is_communication_error(std::exception_ptr error);
 
-/// What Ddp::fail does: a misuse becomes loom::Error with a hint; a failed collective abandons
-/// the group, holds the roll call (roll_call.hpp) and throws loom::CollectiveError.
-[[noreturn]] void throw_failure(DdpState& s, std::string_view what, std::exception_ptr error);
-
-/// Refuses a second setup, a failed group and a backend loom cannot connect; records the
-/// backend and the device.
-void choose_backend(DdpState& s, c10::Device device, std::string_view backend);
-
-/// The rendezvous store (a TCPStore, or in memory without MASTER_ADDR).
-c10::intrusive_ptr<c10d::Store> connect_store(const DdpState& s);
-
-/// The process group on `store`, as Python's init_process_group builds it.
-void connect_process_group(DdpState& s, const c10::intrusive_ptr<c10d::Store>& store,
-                           c10::Device device);
+/// What ProcessGroup::fail does: a misuse becomes loom::Error with a hint; a failed collective
+/// abandons the group, holds the roll call (roll_call.hpp) and throws loom::CollectiveError.
+[[noreturn]] void throw_failure(GroupState& s, std::string_view what, std::exception_ptr error);
 
 /// loom::Error before setup, loom::CollectiveError after a failed collective.
-void require_group(const DdpState& s, std::string_view what);
+void require_group(const GroupState& s, std::string_view what);
 
 /// A one-element tensor on the group's device.
-at::Tensor flag(const DdpState& s, double value, at::ScalarType dtype = at::kFloat);
+at::Tensor flag(const GroupState& s, double value, at::ScalarType dtype = at::kFloat);
 
 /// A sum all-reduce of `t`, waited for unless `wait` is false (then c10d keeps the work).
-void sum_all_reduce(DdpState& s, at::Tensor& t, bool wait = true);
+void sum_all_reduce(GroupState& s, at::Tensor& t, bool wait = true);
+
+// rendezvous.cpp
+
+/// Refuses a second connect, a failed group and a backend loom cannot connect; records the
+/// backend and the device.
+void choose_backend(GroupState& s, c10::Device device, std::string_view backend);
+
+/// The rendezvous store (a TCPStore, or in memory without MASTER_ADDR).
+c10::intrusive_ptr<c10d::Store> connect_store(const GroupState& s);
+
+/// The process group on `store`, as Python's init_process_group builds it.
+void connect_process_group(GroupState& s, const c10::intrusive_ptr<c10d::Store>& store,
+                           c10::Device device);
 
 // ddp.cpp
 

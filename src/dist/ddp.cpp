@@ -57,18 +57,31 @@ NoSyncGuard::~NoSyncGuard() {
   if (state_) state_->sync = previous_;
 }
 
-Ddp::Ddp() : Ddp(DdpOptions{}) {}
+namespace {
 
-Ddp::Ddp(DdpOptions options) : state_(std::make_unique<detail::DdpState>()) {
+/// The group's share of DdpOptions, checked with Ddp's words.
+GroupOptions group_options(const DdpOptions& options, const std::string& name) {
   if (options.timeout.count() <= 0) {
-    throw Error("loom::Ddp: DdpOptions::timeout must be positive");
+    throw Error(name + ": DdpOptions::timeout must be positive");
   }
   if (options.bucket_cap_mb && !(*options.bucket_cap_mb > 0)) {
-    throw Error("loom::Ddp: DdpOptions::bucket_cap_mb must be positive");
+    throw Error(name + ": DdpOptions::bucket_cap_mb must be positive");
   }
-  state_->options = std::move(options);
-  state_->env = read_environment();
-  if (state_->options.exit_with_agent && state_->env.under_agent) detail::die_with_parent();
+  return {options.timeout, options.backend, options.exit_with_agent};
+}
+
+}  // namespace
+
+Ddp::Ddp() : Ddp(DdpOptions{}) {}
+
+Ddp::Ddp(DdpOptions options) : Ddp(std::move(options), "loom::Ddp", true) {}
+
+Ddp::Ddp(DdpOptions options, std::string name, bool reducer)
+    : group_(name, group_options(options, name)),
+      state_(std::make_unique<detail::DdpState>(group_.state(), std::move(options))) {
+  state_->reduce_gradients = reducer;
+  // A failed collective drops the reducer with the group (both wait for work that never ends).
+  group_.state().on_abandon = [state = state_.get()] { state->abandon(); };
 }
 
 Ddp::Ddp(Ddp&&) noexcept = default;
@@ -76,30 +89,29 @@ Ddp& Ddp::operator=(Ddp&&) noexcept = default;
 
 Ddp::~Ddp() {
   if (!state_) return;
-  // Leaving by an exception: the other ranks may be inside another collective, so a barrier
-  // could only wait for the timeout.
-  if (state_->failed || std::uncaught_exceptions() > 0) {
-    state_->abandon();
+  auto& g = group_.state();
+  // Leaving by an exception, or after a failure: the other ranks may be inside another
+  // collective, so a barrier could only wait for the timeout. The group and the reducer are
+  // dropped, not destroyed.
+  if (g.failed || std::uncaught_exceptions() > 0) {
+    g.abandon();
     return;
   }
-  if (state_->group && !state_->torn_down) {
+  if (g.group && !g.torn_down) {
     try {
       teardown();
     } catch (...) {
-      state_->abandon();
+      g.abandon();
       return;
     }
   }
+  g.on_abandon = nullptr;
   state_->release();
 }
 
-int Ddp::rank() const { return state_->env.rank; }
-int Ddp::world_size() const { return state_->env.world_size; }
-int Ddp::local_rank() const { return state_->env.local_rank; }
-int Ddp::node_rank() const { return state_->env.node_rank; }
-const Environment& Ddp::environment() const { return state_->env; }
 const DdpOptions& Ddp::options() const { return state_->options; }
-std::string_view Ddp::backend() const { return state_->backend; }
+
+void Ddp::fail(std::string_view what, std::exception_ptr error) { group_.fail(what, error); }
 
 namespace {
 
@@ -140,7 +152,8 @@ void check_same_parameters_on_every_rank(detail::DdpState& s,
   std::string shapes;
   std::uint64_t hash = 1469598103934665603ull;  // FNV-1a over every size, with separators
   for (const auto& p : params) {
-    shapes += (shapes.empty() ? "" : " ") + c10::str(p.sizes());
+    if (!shapes.empty()) shapes += ' ';
+    shapes += c10::str(p.sizes());
     for (auto d : p.sizes()) hash = (hash ^ static_cast<std::uint64_t>(d)) * 1099511628211ull;
     hash = (hash ^ 0xffu) * 1099511628211ull;
   }
@@ -150,30 +163,30 @@ void check_same_parameters_on_every_rank(detail::DdpState& s,
         {static_cast<std::int64_t>(params.size()), static_cast<std::int64_t>(hash >> 1)},
         torch::kLong);
     std::vector<std::vector<at::Tensor>> all(1);
-    for (int i = 0; i < s.env.world_size; ++i) all[0].push_back(at::empty_like(mine));
+    for (int i = 0; i < s.g.env.world_size; ++i) all[0].push_back(at::empty_like(mine));
     std::vector<at::Tensor> in{mine};
-    s.group->allgather(all, in)->wait();
+    s.g.group->allgather(all, in)->wait();
     prints = all[0];
   } catch (...) {
-    detail::throw_failure(s, "comparing the ranks' parameters", std::current_exception());
+    detail::throw_failure(s.g, "comparing the ranks' parameters", std::current_exception());
   }
-  for (int r = 0; r < s.env.world_size; ++r) {
+  for (int r = 0; r < s.g.env.world_size; ++r) {
     if (!torch::equal(prints[static_cast<std::size_t>(r)], prints[0])) {
-      throw Error(s.name + ": the ranks' models differ: rank " + std::to_string(r) + "'s " +
+      throw Error(s.g.name + ": the ranks' models differ: rank " + std::to_string(r) + "'s " +
                   std::to_string(prints[static_cast<std::size_t>(r)][0].item<std::int64_t>()) +
                   " parameters do not have rank 0's shapes (every rank must build the same "
                   "model); this rank's (" +
-                  std::to_string(s.env.rank) + ") shapes: " + shapes);
+                  std::to_string(s.g.env.rank) + ") shapes: " + shapes);
     }
   }
   try {
-    c10d::verify_params_across_processes(s.group, params, std::nullopt);
+    c10d::verify_params_across_processes(s.g.group, params, std::nullopt);
   } catch (...) {
     auto error = std::current_exception();
     if (detail::is_communication_error(error)) {
-      detail::throw_failure(s, "checking the parameters across ranks", error);
+      detail::throw_failure(s.g, "checking the parameters across ranks", error);
     }
-    throw Error(s.name +
+    throw Error(s.g.name +
                 ": the ranks' models differ (their parameters must have the same "
                 "count, shapes and strides on every rank): " +
                 loom::detail::message_of(error));
@@ -188,7 +201,7 @@ void check_bucket_order(const detail::DdpState& s,
   for (const auto& bucket : buckets) {
     for (std::size_t i : bucket) {
       if (i >= count || seen[i]) {
-        throw Error(s.name + "::load_state_dict: the checkpoint's bucket_order names parameter " +
+        throw Error(s.g.name + "::load_state_dict: the checkpoint's bucket_order names parameter " +
                     std::to_string(i) + (i >= count ? " of " : " twice among ") +
                     std::to_string(count) +
                     " (it was saved for another model; every rank must build the same one)");
@@ -198,7 +211,7 @@ void check_bucket_order(const detail::DdpState& s,
     }
   }
   if (total != count) {
-    throw Error(s.name + "::load_state_dict: the checkpoint's bucket_order holds " +
+    throw Error(s.g.name + "::load_state_dict: the checkpoint's bucket_order holds " +
                 std::to_string(total) + " parameters, this model's reducer " +
                 std::to_string(count) + " (it was saved for another model)");
   }
@@ -225,7 +238,7 @@ void build_reducer(detail::DdpState& s, ReducedParameters reduced) {
   std::reverse(buckets.begin(), buckets.end());
   s.reduced_params = reduced.params;
   s.reducer = std::make_shared<c10d::Reducer>(
-      reduced.params, std::move(buckets), s.group, std::move(sparse), cap,
+      reduced.params, std::move(buckets), s.g.group, std::move(sparse), cap,
       s.options.find_unused_parameters, s.options.gradient_as_bucket_view, std::move(reduced.names),
       first_cap,
       /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
@@ -258,9 +271,9 @@ void broadcast_module_state(detail::DdpState& s, torch::nn::Module& module, int 
     if (s.options.broadcast_buffers) {
       for (const auto& b : module.buffers(true)) states.push_back(b.detach());
     }
-    c10d::broadcast_coalesced(s.group, states, broadcast_bucket_bytes, src);
+    c10d::broadcast_coalesced(s.g.group, states, broadcast_bucket_bytes, src);
   } catch (...) {
-    detail::throw_failure(s,
+    detail::throw_failure(s.g,
                           "broadcasting rank " + std::to_string(src) + "'s parameters and buffers",
                           std::current_exception());
   }
@@ -268,11 +281,11 @@ void broadcast_module_state(detail::DdpState& s, torch::nn::Module& module, int 
 
 /// Python's _find_common_rank: the largest rank for which `candidate` holds.
 int find_common_rank(detail::DdpState& s, bool candidate) {
-  at::Tensor rank = detail::flag(s, candidate ? s.env.rank : -1, at::kLong);
+  at::Tensor rank = detail::flag(s.g, candidate ? s.g.env.rank : -1, at::kLong);
   std::vector<at::Tensor> tensors{rank};
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::MAX);
-  s.group->allreduce(tensors, o)->wait();
+  s.g.group->allreduce(tensors, o)->wait();
   const auto r = rank.cpu().item<std::int64_t>();
   if (r < 0) throw Error("loom::Ddp::join: no rank qualified to hold the authoritative copy");
   return static_cast<int>(r);
@@ -284,7 +297,7 @@ void broadcast_buffers_from(detail::DdpState& s, int src) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> detached;
   for (auto& b : buffers) detached.push_back(b.detach());
-  c10d::broadcast_coalesced(s.group, detached, broadcast_bucket_bytes, src);
+  c10d::broadcast_coalesced(s.g.group, detached, broadcast_bucket_bytes, src);
 }
 
 /// Python's _check_sync_bufs_pre_fwd.
@@ -296,18 +309,15 @@ bool syncs_buffers_before_forward(const detail::DdpState& s) {
 
 void Ddp::setup(torch::nn::Module& module, c10::Device device, std::string_view backend) {
   auto& s = *state_;
-  detail::choose_backend(s, device, backend);
-  ReducedParameters reduced = collect_reduced_parameters(module, s.name);
-  s.module = &module;
-  if (s.env.single_process) return;  // one process: nothing to connect or reduce
-  detail::ignore_default_sigpipe();
-  s.store = detail::connect_store(s);
-  detail::connect_process_group(s, s.store, device);
-  try {
-    detail::announce_host(*s.store, s.env.rank, s.env.master_addr);
-  } catch (...) {
-    detail::throw_failure(s, "writing this rank's address to the store", std::current_exception());
+  if (s.module) {
+    throw Error(s.g.name +
+                ": setup() was called a second time; one Ddp wraps one module "
+                "(use one runtime per model)");
   }
+  group_.connect(device, backend);
+  ReducedParameters reduced = collect_reduced_parameters(module, s.g.name);
+  s.module = &module;
+  if (!group_.connected()) return;  // one process: nothing to reduce
   check_same_parameters_on_every_rank(s, reduced.params);
   broadcast_module_state(s, module, 0);
   if (s.reduce_gradients) build_reducer(s, std::move(reduced));
@@ -316,11 +326,11 @@ void Ddp::setup(torch::nn::Module& module, c10::Device device, std::string_view 
 void Ddp::pre_forward() {
   auto& s = *state_;
   if (!s.module) {
-    throw Error(s.name +
+    throw Error(s.g.name +
                 ": forward before setup; call rt.setup(model) first (it connects the "
                 "process group and broadcasts rank 0's weights)");
   }
-  if (s.torn_down) throw Error(s.name + ": forward after teardown(); the group is shut down");
+  if (s.g.torn_down) throw Error(s.g.name + ": forward after teardown(); the group is shut down");
   if (!s.reducer) return;
   bool others_joined = false;
   try {
@@ -328,12 +338,12 @@ void Ddp::pre_forward() {
     if (at::GradMode::is_enabled() && s.sync) s.reducer->prepare_for_forward();
     if (s.joining) {
       // Join.notify_join_context: this rank has not joined (the joined ones add zeros).
-      std::vector<at::Tensor> ones{detail::flag(s, 1)};
-      s.reducer->set_forward_pass_work_handle(s.group->allreduce(ones),
+      std::vector<at::Tensor> ones{detail::flag(s.g, 1)};
+      s.reducer->set_forward_pass_work_handle(s.g.group->allreduce(ones),
                                               s.join_options.divide_by_initial_world_size);
       if (s.join_options.throw_on_early_termination) {
-        at::Tensor joined = detail::flag(s, 0);
-        detail::sum_all_reduce(s, joined);
+        at::Tensor joined = detail::flag(s.g, 0);
+        detail::sum_all_reduce(s.g, joined);
         others_joined = joined.cpu().item<float>() != 0;
       }
     }
@@ -345,15 +355,15 @@ void Ddp::pre_forward() {
       }
       if (s.joining) {
         // Tells the joined ranks whether this iteration's backward synchronizes.
-        at::Tensor sync = detail::flag(s, s.sync ? 1 : 0);
-        detail::sum_all_reduce(s, sync, /*wait=*/false);
+        at::Tensor sync = detail::flag(s.g, s.sync ? 1 : 0);
+        detail::sum_all_reduce(s.g, sync, /*wait=*/false);
       }
     }
   } catch (...) {
     fail("the reducer's work before forward", std::current_exception());
   }
   if (others_joined) {
-    throw Error(s.name + "::join: rank " + std::to_string(s.env.rank) +
+    throw Error(s.g.name + "::join: rank " + std::to_string(s.g.env.rank) +
                 " found that another rank has run out of inputs "
                 "(JoinOptions::throw_on_early_termination)");
   }
@@ -394,41 +404,25 @@ NoSyncGuard Ddp::no_sync() { return NoSyncGuard(state_.get()); }
 
 void Ddp::check_step_synchronized() { detail::check_step_synchronized(*state_); }
 
+bool Ddp::synchronizing() const { return state_->sync; }
+
+void Ddp::record_backward(bool synced) { detail::record_backward(*state_, synced); }
+
+void Ddp::teardown() {
+  if (group_.failed()) return;
+  group_.teardown();
+  state_->release();
+}
+
 void detail::check_step_synchronized(DdpState& s) {
   const int backwards = std::exchange(s.backwards_since_step, 0);
   const bool synced = std::exchange(s.synced_since_step, false);
-  if (!s.group || s.env.world_size <= 1 || backwards == 0 || synced) return;
-  throw Error(s.name + "::optimizer_step: none of the " + std::to_string(backwards) +
+  if (!s.g.group || s.g.env.world_size <= 1 || backwards == 0 || synced) return;
+  throw Error(s.g.name + "::optimizer_step: none of the " + std::to_string(backwards) +
               " backward pass(es) since the last step reduced the gradients (each ran under "
               "rt.no_backward_sync), so every rank would step on its own gradients and the "
               "replicas would drift apart. Let the last micro-batch's backward run outside "
               "the scope: rt.no_backward_sync(model, /*enabled=*/i + 1 < micro_batches)");
-}
-
-void Ddp::save_checkpoint(const std::filesystem::path& path, const c10::IValue& value,
-                          const checkpoint::CheckpointIO& io) {
-  auto& s = *state_;
-  detail::require_group(s, "save_checkpoint");
-  std::string failure;
-  if (rank() == 0) {
-    try {
-      io.save(path, value);
-    } catch (const std::exception& ex) {
-      failure = *ex.what() ? ex.what() : "an error with no message";
-    }
-  }
-  // Every rank learns whether rank 0 wrote the file, and why not: the same error on all.
-  if (s.group) {
-    loom::detail::agree_on_failure(*this, s.device, failure,
-                                   "loom::save: writing " + path.string());
-  } else if (!failure.empty()) {
-    throw Error(failure);
-  }
-}
-
-c10::IValue Ddp::load_checkpoint(const std::filesystem::path& path,
-                                 const checkpoint::CheckpointIO& io, c10::Device device) {
-  return checkpoint::merge_shards(path, io.load(path, device), io, device);
 }
 
 StateDict Ddp::state_dict() const {
@@ -456,7 +450,7 @@ void Ddp::load_state_dict(const StateDict& state) {
   const c10::IValue order = found->second;
   rest.erase(found);
   loom::detail::refuse_state(strategy(), "strategy", rest);
-  const std::string bad = s.name +
+  const std::string bad = s.g.name +
                           "::load_state_dict: bucket_order is not a list of lists of "
                           "parameter indices";
   if (!order.isList()) throw Error(bad);

@@ -1,5 +1,5 @@
 // loom::Ddp's environment: torchrun's variables (read_environment), the agent's death, SIGPIPE.
-#include <loom/dist/ddp.hpp>
+#include <loom/dist/process_group.hpp>
 
 #include <cerrno>
 #include <climits>

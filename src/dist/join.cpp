@@ -20,7 +20,7 @@ JoinGuard::JoinGuard(Ddp* ddp) : ddp_(ddp), exceptions_(std::uncaught_exceptions
 JoinGuard::~JoinGuard() noexcept(false) {
   if (!ddp_) return;
   auto& s = *ddp_->state_;
-  if (std::uncaught_exceptions() != exceptions_ || s.failed) {
+  if (std::uncaught_exceptions() != exceptions_ || s.g.failed) {
     s.joining = false;
     return;
   }
@@ -30,9 +30,9 @@ JoinGuard::~JoinGuard() noexcept(false) {
 JoinGuard Ddp::join(JoinOptions options) {
   auto& s = *state_;
   if (!s.module) {
-    throw Error(s.name + "::join: call rt.setup(model) first; join needs the reducer it builds");
+    throw Error(s.g.name + "::join: call rt.setup(model) first; join needs the reducer it builds");
   }
-  if (s.joining) throw Error(s.name + "::join: already inside a join scope");
+  if (s.joining) throw Error(s.g.name + "::join: already inside a join scope");
   if (!s.reducer) return JoinGuard(nullptr);  // one process: nobody to wait for
   s.joining = true;
   s.join_options = options;
@@ -45,8 +45,8 @@ void Ddp::join_main_hook() {
   s.reducer->rebuild_buckets();
   if (detail::syncs_buffers_before_forward(s))
     detail::broadcast_buffers_from(s, detail::find_common_rank(s, false));
-  at::Tensor sync = detail::flag(s, 0);
-  detail::sum_all_reduce(s, sync);
+  at::Tensor sync = detail::flag(s.g, 0);
+  detail::sum_all_reduce(s.g, sync);
   const bool should_sync = sync.cpu().item<float>() != 0;
   s.forward_param_sync = should_sync;
   if (!should_sync) return;
@@ -60,7 +60,7 @@ void Ddp::join_main_hook() {
   }
   if (s.options.find_unused_parameters) {
     std::vector<at::Tensor> used{s.reducer->get_local_used_map_on_device()};
-    s.group->allreduce(used)->wait();
+    s.g.group->allreduce(used)->wait();
   }
   s.reducer->push_rebuilt_params_for_all_indices();
 }
@@ -71,14 +71,14 @@ void Ddp::finish_join() {
     bool last = true;
     for (;;) {
       // Python's Join.__exit__: shadow the notification all-reduce of the ranks still in.
-      at::Tensor still_in = detail::flag(s, 0);
-      detail::sum_all_reduce(s, still_in);
+      at::Tensor still_in = detail::flag(s.g, 0);
+      detail::sum_all_reduce(s.g, still_in);
       if (still_in.cpu().item<float>() == 0) break;
       if (s.join_options.throw_on_early_termination) {
-        at::Tensor ones = detail::flag(s, 1);
-        detail::sum_all_reduce(s, ones);
+        at::Tensor ones = detail::flag(s.g, 1);
+        detail::sum_all_reduce(s.g, ones);
         s.joining = false;
-        throw Error(s.name + "::join: rank " + std::to_string(s.env.rank) +
+        throw Error(s.g.name + "::join: rank " + std::to_string(s.g.env.rank) +
                     " has run out of inputs before the others "
                     "(JoinOptions::throw_on_early_termination)");
       }

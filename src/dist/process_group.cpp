@@ -1,7 +1,6 @@
-// loom::Ddp's process group: the store, the group on it (gloo or NCCL, wrapped under
-// TORCH_DISTRIBUTED_DEBUG=DETAIL), the collectives loom issues on it, what a failed one
-// becomes, and the teardown.
-#include <loom/dist/ddp.hpp>
+// dist::ProcessGroup: its environment and lifetime, the collectives loom issues on the group,
+// what a failed one becomes, and the teardown. Connecting it: rendezvous.cpp.
+#include <loom/dist/process_group.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -12,30 +11,22 @@
 #include <string_view>
 #include <vector>
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/distributed/c10d/debug.h>
 #include <torch/csrc/jit/serialization/pickle.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
 
+#include <loom/detail/agree_on_failure.hpp>
 #include <loom/detail/message_of.hpp>
 #include <loom/error.hpp>
 
-#include "backends.hpp"
 #include "common.hpp"
 #include "roll_call.hpp"
 
 namespace loom::dist {
 
 namespace {
-
-std::string seconds(std::chrono::milliseconds t) {
-  auto ms = t.count();
-  if (ms % 1000 == 0) return std::to_string(ms / 1000) + " s";
-  return std::to_string(ms) + " ms";
-}
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
@@ -54,6 +45,12 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 
 namespace detail {
 
+std::string seconds(std::chrono::milliseconds t) {
+  auto ms = t.count();
+  if (ms % 1000 == 0) return std::to_string(ms / 1000) + " s";
+  return std::to_string(ms) + " ms";
+}
+
 /// Whether `error` came from communication (a peer, the network, a timeout), not from a misuse
 /// the reducer diagnosed: gloo throws gloo::IoException (a std::runtime_error, not c10::Error).
 bool is_communication_error(std::exception_ptr error) {
@@ -70,10 +67,10 @@ bool is_communication_error(std::exception_ptr error) {
   }
 }
 
-/// What Ddp::fail does (common.hpp): a misuse the reducer diagnosed becomes loom::Error with
-/// a hint; a failed collective abandons the group first, holds the roll call and names what
-/// to check.
-[[noreturn]] void throw_failure(detail::DdpState& s, std::string_view what,
+/// What ProcessGroup::fail does (common.hpp): a misuse the reducer diagnosed becomes loom::Error
+/// with a hint; a failed collective abandons the group first, holds the roll call and names what to
+/// check.
+[[noreturn]] void throw_failure(detail::GroupState& s, std::string_view what,
                                 std::exception_ptr error) {
   const std::string text = loom::detail::message_of(error);
   try {
@@ -125,119 +122,7 @@ bool is_communication_error(std::exception_ptr error) {
       "DETAIL makes ranks that call different collectives fail at once, naming both)");
 }
 
-/// Refuses a second setup and a failed group, then records the backend (DdpOptions::backend,
-/// else the device's) and the device, refusing a backend loom cannot connect.
-void choose_backend(detail::DdpState& s, c10::Device device, std::string_view backend) {
-  if (s.module) {
-    throw Error(s.name +
-                ": setup() was called a second time; one Ddp wraps one module "
-                "(use one runtime per model)");
-  }
-  if (s.failed) throw CollectiveError(s.name + ": a collective failed earlier; the group is gone");
-  s.backend = s.options.backend ? *s.options.backend : std::string(backend);
-  s.device_type = device.type();
-  s.device = device;
-  if (s.backend != "gloo" && s.backend != "nccl") {
-    throw Error(s.name + ": the backend \"" + s.backend +
-                "\" is not available; loom::Ddp runs on \"gloo\" (CPU, CUDA) and \"nccl\" (CUDA)");
-  }
-  if (s.backend == "nccl" && device.type() != c10::kCUDA) {
-    throw Error(s.name + ": the nccl backend needs a CUDA device, not " + device.str());
-  }
-}
-
-/// The rendezvous store: in memory without MASTER_ADDR, else a TCPStore that rank 0 hosts
-/// (unless the launcher's agent does); a failure names the address and what to check.
-///
-/// One timeout bounds connecting as it bounds every later wait. The server waits for the
-/// other ranks for `timeout`. A client's TCPStore tries to connect (and validate) until a
-/// deadline of its options' timeout, but each try may itself last that long, and c10d then
-/// sleeps about a second (jittered back-off) before the last: with `timeout` itself, a lone
-/// rank or a wrong MASTER_PORT failed only after twice the timeout and more. A client is
-/// therefore built with half the timeout (two tries and the pause fit in the timeout plus
-/// about two seconds), and its store is given the whole timeout for the waits that follow.
-c10::intrusive_ptr<c10d::Store> connect_store(const detail::DdpState& s) {
-  const auto timeout = s.options.timeout;
-  const std::string where = s.env.master_addr + ":" + std::to_string(s.env.master_port);
-  try {
-    if (s.env.master_addr.empty()) return c10::make_intrusive<c10d::HashStore>();
-    c10d::TCPStoreOptions o;
-    o.port = static_cast<std::uint16_t>(s.env.master_port);
-    o.isServer = s.env.rank == 0 && !s.env.agent_store;
-    o.numWorkers = static_cast<std::size_t>(s.env.world_size);
-    o.waitWorkers = true;
-    o.timeout = o.isServer ? timeout : std::max(timeout / 2, std::chrono::milliseconds(1));
-    o.multiTenant = true;
-    auto store = c10::make_intrusive<c10d::TCPStore>(s.env.master_addr, o);
-    store->setTimeout(timeout);
-    // The agent's store outlives the workers: each attempt (TORCHELASTIC_RESTART_COUNT) keeps
-    // its keys under a prefix of its own, so restarted workers never meet the last attempt's.
-    if (s.env.agent_store) {
-      return c10::make_intrusive<c10d::PrefixStore>(
-          "/worker/attempt_" + std::to_string(s.env.restart_count), store);
-    }
-    return store;
-  } catch (...) {
-    std::string text = loom::detail::message_of(std::current_exception());
-    while (!text.empty() && (text.back() == '.' || text.back() == '\n')) text.pop_back();
-    const bool server = s.env.rank == 0 && !s.env.agent_store;
-    throw Error(s.name + ": rank " + std::to_string(s.env.rank) + " of " +
-                std::to_string(s.env.world_size) +
-                (server ? " could not host the rendezvous store on "
-                        : " could not join the "
-                          "rendezvous store at ") +
-                where + " within " + seconds(timeout) + ": " + text +
-                (server ? ". Is MASTER_PORT in use by another process, or did every rank start?"
-                        : ". Check MASTER_ADDR and MASTER_PORT, and that rank 0 is running"));
-  }
-}
-
-/// The process group on `store`, with Python's prefixes: default_pg, then the group's name
-/// "0", then the device type for the backend.
-void connect_process_group(detail::DdpState& s, const c10::intrusive_ptr<c10d::Store>& store,
-                           c10::Device device) {
-  const auto timeout = s.options.timeout;
-  try {
-    auto group_store = c10::make_intrusive<c10d::PrefixStore>(
-        "0/", c10::make_intrusive<c10d::PrefixStore>("default_pg", store));
-    s.group = c10::make_intrusive<c10d::ProcessGroup>(group_store, s.env.rank, s.env.world_size);
-    using Type = c10d::ProcessGroup::BackendType;
-    // Python's switch, read as torch.distributed reads it at import.
-    c10d::setDebugLevelFromEnvironment();
-    const bool compare_collectives = c10d::debug_level() == c10d::DebugLevel::Detail;
-    auto checked = [&](c10::intrusive_ptr<c10d::Backend> b, const std::string& prefix) {
-      if (!compare_collectives) return b;
-      return detail::wrap_for_debug(
-          b, c10::make_intrusive<c10d::PrefixStore>(prefix + "wrapper/", group_store), s.env.rank,
-          s.env.world_size, timeout);
-    };
-    if (s.backend == "gloo") {
-      const std::string prefix = device.is_cuda() ? "cuda/" : "cpu/";
-      auto b =
-          checked(detail::make_gloo(c10::make_intrusive<c10d::PrefixStore>(prefix, group_store),
-                                    s.env.rank, s.env.world_size, timeout),
-                  prefix);
-      s.group->setDefaultBackend(Type::GLOO);
-      s.group->setBackend(c10::kCPU, Type::GLOO, b);
-      if (device.is_cuda()) s.group->setBackend(c10::kCUDA, Type::GLOO, b);
-    } else {
-      s.group->setBoundDeviceId(device);
-      auto b =
-          checked(detail::make_nccl(c10::make_intrusive<c10d::PrefixStore>("cuda/", group_store),
-                                    s.env.rank, s.env.world_size, timeout, device),
-                  "cuda/");
-      s.group->setDefaultBackend(Type::NCCL);
-      s.group->setBackend(c10::kCUDA, Type::NCCL, b);
-    }
-    s.group->setGroupName("0");
-  } catch (const loom::Error&) {
-    throw;
-  } catch (...) {
-    throw_failure(s, "connecting the " + s.backend + " process group", std::current_exception());
-  }
-}
-
-void require_group(const detail::DdpState& s, std::string_view what) {
+void require_group(const detail::GroupState& s, std::string_view what) {
   if (!s.group && !s.env.single_process) {
     throw Error(s.name + "::" + std::string(what) +
                 ": call rt.setup(model) first; it connects the process group for the device's "
@@ -247,30 +132,120 @@ void require_group(const detail::DdpState& s, std::string_view what) {
 }
 
 /// A one-element tensor on the group's device.
-at::Tensor flag(const detail::DdpState& s, double value, at::ScalarType dtype) {
+at::Tensor flag(const detail::GroupState& s, double value, at::ScalarType dtype) {
   return at::full({1}, value, at::TensorOptions().dtype(dtype).device(s.device));
 }
 
 /// A sum all-reduce of `t`, waited for unless `wait` is false (then c10d keeps the work).
-void sum_all_reduce(detail::DdpState& s, at::Tensor& t, bool wait) {
+void sum_all_reduce(detail::GroupState& s, at::Tensor& t, bool wait) {
   std::vector<at::Tensor> tensors{t};
   auto work = s.group->allreduce(tensors);
   if (wait) work->wait();
 }
 
-}  // namespace detail
-
-void Ddp::fail(std::string_view what, std::exception_ptr error) {
-  throw_failure(*state_, what, error);
+Work all_reduce(GroupState& s, at::Tensor& t, ReduceOp op) {
+  std::vector<at::Tensor> tensors{t};
+  c10d::AllreduceOptions o;
+  o.reduceOp = to_c10d(op);
+  o.timeout = s.options.timeout;
+  return Work(s.group->allreduce(tensors, o));
 }
 
-void Ddp::barrier() { barrier_named("a barrier"); }
+Work reduce(GroupState& s, at::Tensor& t, int root) {
+  std::vector<at::Tensor> tensors{t};
+  c10d::ReduceOptions o;
+  o.rootRank = root;
+  o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+  o.timeout = s.options.timeout;
+  return Work(s.group->reduce(tensors, o));
+}
 
-void Ddp::barrier(std::string_view name) {
+Work broadcast(GroupState& s, at::Tensor& t, int src) {
+  std::vector<at::Tensor> tensors{t};
+  c10d::BroadcastOptions o;
+  o.rootRank = src;
+  o.timeout = s.options.timeout;
+  return Work(s.group->broadcast(tensors, o));
+}
+
+void broadcast_coalesced(GroupState& s, std::vector<at::Tensor>& tensors, std::size_t bucket_bytes,
+                         int src) {
+  c10d::broadcast_coalesced(s.group, tensors, bucket_bytes, src);
+}
+
+Work send(GroupState& s, at::Tensor& t, int dst, int tag) {
+  std::vector<at::Tensor> tensors{t};
+  return Work(s.group->send(tensors, dst, tag));
+}
+
+Work recv(GroupState& s, at::Tensor& t, int src, int tag) {
+  std::vector<at::Tensor> tensors{t};
+  return Work(s.group->recv(tensors, src, tag));
+}
+
+}  // namespace detail
+
+ProcessGroup::ProcessGroup(std::string name, GroupOptions options)
+    : state_(std::make_unique<detail::GroupState>()) {
+  auto& s = *state_;
+  s.name = std::move(name);
+  if (options.timeout.count() <= 0) {
+    throw Error(s.name + ": GroupOptions::timeout must be positive");
+  }
+  s.options = std::move(options);
+  s.env = read_environment();
+  if (s.options.exit_with_agent && s.env.under_agent) detail::die_with_parent();
+}
+
+ProcessGroup::ProcessGroup(ProcessGroup&&) noexcept = default;
+ProcessGroup& ProcessGroup::operator=(ProcessGroup&&) noexcept = default;
+
+ProcessGroup::~ProcessGroup() {
+  if (!state_) return;
+  // Leaving by an exception: the other ranks may be inside another collective, so a barrier
+  // could only wait for the timeout.
+  if (state_->failed || std::uncaught_exceptions() > 0) {
+    state_->abandon();
+    return;
+  }
+  if (state_->group && !state_->torn_down) {
+    try {
+      teardown();
+    } catch (...) {
+      state_->abandon();
+      return;
+    }
+  }
+  state_->release();
+}
+
+bool ProcessGroup::connected() const { return static_cast<bool>(state_->group); }
+bool ProcessGroup::failed() const { return state_->failed; }
+int ProcessGroup::rank() const { return state_->env.rank; }
+int ProcessGroup::world_size() const { return state_->env.world_size; }
+int ProcessGroup::local_rank() const { return state_->env.local_rank; }
+int ProcessGroup::node_rank() const { return state_->env.node_rank; }
+const Environment& ProcessGroup::environment() const { return state_->env; }
+const GroupOptions& ProcessGroup::options() const { return state_->options; }
+const std::string& ProcessGroup::name() const { return state_->name; }
+std::string_view ProcessGroup::backend() const { return state_->backend; }
+c10::Device ProcessGroup::device() const { return state_->device; }
+
+void ProcessGroup::fail(std::string_view what, std::exception_ptr error) {
+  detail::throw_failure(*state_, what, error);
+}
+
+void ProcessGroup::require_connected(std::string_view what) const {
+  detail::require_group(*state_, what);
+}
+
+void ProcessGroup::barrier() { barrier_named("a barrier"); }
+
+void ProcessGroup::barrier(std::string_view name) {
   barrier_named("the barrier \"" + std::string(name) + "\"");
 }
 
-void Ddp::barrier_named(std::string_view what) {
+void ProcessGroup::barrier_named(std::string_view what) {
   auto& s = *state_;
   require_group(s, "barrier");
   if (!s.group) return;
@@ -285,7 +260,7 @@ void Ddp::barrier_named(std::string_view what) {
   }
 }
 
-void Ddp::all_reduce(at::Tensor& t, ReduceOp op) {
+void ProcessGroup::all_reduce(at::Tensor& t, ReduceOp op) {
   auto& s = *state_;
   require_group(s, "all_reduce");
   if (op == ReduceOp::Mean && !at::isFloatingType(t.scalar_type())) {
@@ -309,7 +284,7 @@ void Ddp::all_reduce(at::Tensor& t, ReduceOp op) {
   if (op == ReduceOp::Mean) t.div_(s.env.world_size);
 }
 
-void Ddp::broadcast(at::Tensor& t, int src) {
+void ProcessGroup::broadcast(at::Tensor& t, int src) {
   auto& s = *state_;
   require_group(s, "broadcast");
   if (src < 0 || src >= s.env.world_size) {
@@ -328,7 +303,7 @@ void Ddp::broadcast(at::Tensor& t, int src) {
   }
 }
 
-std::vector<at::Tensor> Ddp::all_gather(const at::Tensor& t) {
+std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& t) {
   auto& s = *state_;
   require_group(s, "all_gather");
   if (!s.group) return {t.clone()};
@@ -344,7 +319,7 @@ std::vector<at::Tensor> Ddp::all_gather(const at::Tensor& t) {
   return out[0];
 }
 
-c10::IValue Ddp::broadcast_ivalue(const c10::IValue& value, int src) {
+c10::IValue ProcessGroup::broadcast_object(const c10::IValue& value, int src) {
   auto& s = *state_;
   require_group(s, "broadcast_object");
   if (src < 0 || src >= s.env.world_size) {
@@ -369,20 +344,24 @@ c10::IValue Ddp::broadcast_ivalue(const c10::IValue& value, int src) {
   return torch::jit::pickle_load(std::vector<char>(first, first + n));
 }
 
-std::string Ddp::broadcast_object(const std::string& value, int src) {
-  return broadcast_ivalue(c10::IValue(value), src).toStringRef();
+std::string ProcessGroup::broadcast_object(const std::string& value, int src) {
+  return broadcast_object(c10::IValue(value), src).toStringRef();
 }
 
-StateDict Ddp::broadcast_object(const StateDict& value, int src) {
+StateDict ProcessGroup::broadcast_object(const StateDict& value, int src) {
   c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
   for (const auto& [key, v] : value) dict.insert(key, v);
-  auto got = broadcast_ivalue(c10::IValue(dict), src).toGenericDict();
+  auto got = broadcast_object(c10::IValue(dict), src).toGenericDict();
   StateDict out;
   for (const auto& item : got) out.emplace(item.key().toStringRef(), item.value());
   return out;
 }
 
-void Ddp::teardown() {
+void ProcessGroup::agree(const std::string& failure, const std::string& what) {
+  loom::detail::agree_on_failure(*this, state_->device, failure, what);
+}
+
+void ProcessGroup::teardown() {
   auto& s = *state_;
   if (s.torn_down || s.failed) return;
   if (s.group) {

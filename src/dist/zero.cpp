@@ -23,8 +23,6 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include <loom/amp/grad_scaler.hpp>
 #include <loom/checkpoint/shards.hpp>
@@ -33,14 +31,10 @@
 #include <loom/error.hpp>
 #include <loom/optim/optimizer_table.hpp>
 
-#include "ddp_state.hpp"
+#include "group_state.hpp"
 #include "zero_state.hpp"
 
 namespace loom::dist {
-
-namespace {
-using detail::DdpAccess;
-}  // namespace
 
 std::vector<int> Zero::partition(const std::vector<std::int64_t>& numels, int world) {
   if (world < 1) throw Error("loom::Zero::partition: the world size must be positive");
@@ -64,14 +58,14 @@ std::vector<int> Zero::partition(const std::vector<std::int64_t>& numels, int wo
 Zero::Zero() : Zero(ZeroOptions{}) {}
 
 Zero::Zero(ZeroOptions options)
-    : options_(options), ddp_(options.ddp), state_(std::make_unique<detail::ZeroState>()) {
+    : options_(options),
+      ddp_(options.ddp, "loom::Zero", /*reducer=*/options.stage == 1),
+      state_(std::make_unique<detail::ZeroState>()) {
   if (options_.stage != 1 && options_.stage != 2) {
     throw Error("loom::Zero: ZeroOptions::stage is 1 (optimizer state) or 2 (and gradients), not " +
                 std::to_string(options_.stage));
   }
   if (options_.bucket_bytes == 0) throw Error("loom::Zero: ZeroOptions::bucket_bytes must be > 0");
-  DdpAccess::state(ddp_).reduce_gradients = options_.stage == 1;
-  DdpAccess::state(ddp_).name = "loom::Zero";
 }
 
 Zero::Zero(Zero&&) noexcept = default;
@@ -79,7 +73,7 @@ Zero& Zero::operator=(Zero&&) noexcept = default;
 Zero::~Zero() = default;
 
 void Zero::fail(std::string_view what, std::exception_ptr error) {
-  DdpAccess::fail(ddp_, what, error);
+  process_group().fail(what, error);
 }
 
 namespace {
@@ -164,10 +158,8 @@ void Zero::setup(torch::nn::Module& module, c10::Device device, std::string_view
   for (std::size_t i = 0; i < z.params.size(); ++i) {
     z.owner_of.emplace(z.params[i].unsafeGetTensorImpl(), z.owners[i]);
   }
-  auto& s = DdpAccess::state(ddp_);
-  if (stage() == 2 && s.group) {
-    z.group = s.group;
-    z.timeout = options_.ddp.timeout;
+  if (stage() == 2 && process_group().connected()) {
+    z.group = &process_group().state();
     z.rank = rank();
     z.share = 1.0 / static_cast<double>(world_size());
     z.all_reduce =
@@ -181,9 +173,8 @@ const std::vector<int>& Zero::owners() const { return state_->owners; }
 
 void Zero::pre_forward() {
   ddp_.pre_forward();
-  auto& s = DdpAccess::state(ddp_);
-  if (stage() == 1 || !s.group) return;
-  if (s.sync && at::GradMode::is_enabled()) {
+  if (stage() == 1 || !process_group().connected()) return;
+  if (ddp_.synchronizing() && at::GradMode::is_enabled()) {
     try {
       state_->arm();
     } catch (...) {
@@ -197,7 +188,7 @@ void Zero::pre_forward() {
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> detached;
     for (auto& b : buffers) detached.push_back(b.detach());
-    c10d::broadcast_coalesced(s.group, detached, options_.bucket_bytes, 0);
+    detail::broadcast_coalesced(process_group().state(), detached, options_.bucket_bytes, 0);
   } catch (...) {
     fail("the buffer broadcast before forward", std::current_exception());
   }
@@ -205,7 +196,7 @@ void Zero::pre_forward() {
 
 void Zero::reduce_gradients() {
   auto& z = *state_;
-  if (at::GradMode::is_enabled()) detail::record_backward(DdpAccess::state(ddp_), z.armed);
+  if (at::GradMode::is_enabled()) ddp_.record_backward(z.armed);
   if (!z.armed) return;  // one process, or a forward under no_sync
   at::NoGradGuard no_grad;
   try {
@@ -220,7 +211,7 @@ void Zero::before_step(Optimizers optimizers) {
   if (z.module == nullptr) {
     throw Error("loom::Zero: optimizer_step before setup; call rt.setup(model, optimizer) first");
   }
-  detail::check_step_synchronized(DdpAccess::state(ddp_));
+  ddp_.check_step_synchronized();
   for (std::size_t i = 0; i < optimizers.size(); ++i) {
     torch::optim::Optimizer& o = optimizers[i];
     if (amp::unscales_itself(o)) {
@@ -249,8 +240,8 @@ void Zero::before_step(Optimizers optimizers) {
       }
     }
   }
-  auto& s = DdpAccess::state(ddp_);
-  if (stage() == 1 || !s.group) return;
+  if (stage() == 1 || !process_group().connected()) return;
+  auto& group = process_group().state();
   // Stage 2: every rank's scaler must see an inf that any shard holds.
   std::map<at::ScalarType, std::vector<at::Tensor>> grads;
   for (auto& p : z.shards[static_cast<std::size_t>(rank())]) {
@@ -258,7 +249,7 @@ void Zero::before_step(Optimizers optimizers) {
   }
   try {
     at::NoGradGuard no_grad;
-    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(s.device);
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(group.device);
     at::Tensor found = at::zeros({1}, f32);
     for (auto& [type, list] : grads) {
       (void)type;
@@ -284,11 +275,7 @@ void Zero::before_step(Optimizers optimizers) {
                                      .to(found.device())
                                      .reshape({1}));
     }
-    std::vector<at::Tensor> tensors{found};
-    c10d::AllreduceOptions o;
-    o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::MAX);
-    o.timeout = options_.ddp.timeout;
-    s.group->allreduce(tensors, o)->wait();
+    detail::all_reduce(group, found, ReduceOp::Max).wait();
     if (!grads.empty()) {
       at::Tensor g = grads.begin()->second.front();
       g.as_strided({1}, {1}, g.storage_offset())
@@ -328,14 +315,14 @@ void Zero::Narrowed::restore() {
 Zero::Narrowed::~Narrowed() { restore(); }
 
 void Zero::broadcast_parameters() {
-  auto& s = DdpAccess::state(ddp_);
-  if (!s.group) return;
+  if (!process_group().connected()) return;
+  auto& g = process_group().state();
   auto& z = *state_;
   try {
     at::NoGradGuard no_grad;
     // Each large parameter in place (no copy), the small ones coalesced into buckets.
     const auto large = static_cast<std::int64_t>(options_.bucket_bytes / 8);
-    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    std::vector<detail::Work> works;
     for (int r = 0; r < world_size(); ++r) {
       std::vector<at::Tensor> small;
       for (auto& p : z.shards[static_cast<std::size_t>(r)]) {
@@ -343,19 +330,16 @@ void Zero::broadcast_parameters() {
           small.push_back(p.detach());
           continue;
         }
-        std::vector<at::Tensor> one{p.detach()};
-        c10d::BroadcastOptions o;
-        o.rootRank = r;
-        o.timeout = options_.ddp.timeout;
-        works.push_back(s.group->broadcast(one, o));
+        at::Tensor one = p.detach();
+        works.push_back(detail::broadcast(g, one, r));
       }
       if (!small.empty()) {
-        for (auto& w : works) w->wait();
+        for (auto& w : works) w.wait();
         works.clear();
-        c10d::broadcast_coalesced(s.group, small, options_.bucket_bytes, r);
+        detail::broadcast_coalesced(g, small, options_.bucket_bytes, r);
       }
     }
-    for (auto& w : works) w->wait();
+    for (auto& w : works) w.wait();
   } catch (...) {
     fail("the parameter broadcast after the step", std::current_exception());
   }
@@ -363,17 +347,13 @@ void Zero::broadcast_parameters() {
 
 GradNorm Zero::clip_shard(torch::optim::Optimizer& optimizer, double max_norm, double norm_type,
                           const GradNorm& local) {
-  auto& s = DdpAccess::state(ddp_);
+  auto& g = process_group().state();
   const bool inf_norm = std::isinf(norm_type);
   // The shard's norm (or its p-th power) all-reduced on the device: no host read.
-  at::Tensor t = local.tensor().to(s.device, at::kDouble).reshape({1});
+  at::Tensor t = local.tensor().to(g.device, at::kDouble).reshape({1});
   t = inf_norm ? t.clone() : t.pow(norm_type);
   try {
-    std::vector<at::Tensor> tensors{t};
-    c10d::AllreduceOptions o;
-    o.reduceOp = c10d::ReduceOp(inf_norm ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM);
-    o.timeout = options_.ddp.timeout;
-    s.group->allreduce(tensors, o)->wait();
+    detail::all_reduce(g, t, inf_norm ? ReduceOp::Max : ReduceOp::Sum).wait();
   } catch (...) {
     fail("the gradient norm's all-reduce in clip_gradients", std::current_exception());
   }

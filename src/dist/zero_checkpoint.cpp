@@ -16,21 +16,17 @@
 #include <ATen/ATen.h>
 #include <ATen/core/Dict.h>
 #include <torch/csrc/jit/serialization/pickle.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <loom/checkpoint/mapped.hpp>
 #include <loom/checkpoint/shards.hpp>
-#include <loom/detail/agree_on_failure.hpp>
 #include <loom/error.hpp>
 
-#include "ddp_state.hpp"
+#include "group_state.hpp"
 #include "zero_state.hpp"
 
 namespace loom::dist {
 
 namespace {
-
-using detail::DdpAccess;
 
 /// Whether a checkpoint value is an optimizer's state in Python's layout.
 bool is_optimizer_entry(const c10::IValue& v) {
@@ -41,7 +37,7 @@ bool is_optimizer_entry(const c10::IValue& v) {
 
 /// Every rank's `mine` on rank 0, its own first, by point-to-point messages (the other ranks
 /// get nothing back): what rank 0 needs to consolidate, 1/world of a broadcast's traffic.
-std::vector<c10::IValue> gather_on_zero(detail::DdpState& s, int rank, int world,
+std::vector<c10::IValue> gather_on_zero(detail::GroupState& s, int rank, int world,
                                         const c10::IValue& mine,
                                         std::chrono::milliseconds timeout) {
   std::vector<c10::IValue> out;
@@ -49,22 +45,22 @@ std::vector<c10::IValue> gather_on_zero(detail::DdpState& s, int rank, int world
   if (rank != 0) {
     const std::vector<char> bytes = torch::jit::pickle_save(mine);
     const auto n = static_cast<std::int64_t>(bytes.size());
-    std::vector<at::Tensor> size{at::full({1}, n, on_device.dtype(at::kLong))};
+    at::Tensor size = at::full({1}, n, on_device.dtype(at::kLong));
     at::Tensor data = at::empty({n}, at::TensorOptions().dtype(at::kByte));
     std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
-    std::vector<at::Tensor> payload{data.to(s.device)};
-    s.group->send(size, 0, 0)->wait(timeout);
-    s.group->send(payload, 0, 1)->wait(timeout);
+    at::Tensor payload = data.to(s.device);
+    detail::send(s, size, 0, 0).wait(timeout);
+    detail::send(s, payload, 0, 1).wait(timeout);
     return out;
   }
   out.push_back(mine);
   for (int r = 1; r < world; ++r) {
-    std::vector<at::Tensor> size{at::empty({1}, on_device.dtype(at::kLong))};
-    s.group->recv(size, r, 0)->wait(timeout);
-    const auto n = size.front().cpu().item<std::int64_t>();
-    std::vector<at::Tensor> payload{at::empty({n}, on_device.dtype(at::kByte))};
-    s.group->recv(payload, r, 1)->wait(timeout);
-    const at::Tensor data = payload.front().cpu();
+    at::Tensor size = at::empty({1}, on_device.dtype(at::kLong));
+    detail::recv(s, size, r, 0).wait(timeout);
+    const auto n = size.cpu().item<std::int64_t>();
+    at::Tensor payload = at::empty({n}, on_device.dtype(at::kByte));
+    detail::recv(s, payload, r, 1).wait(timeout);
+    const at::Tensor data = payload.cpu();
     const auto* first = static_cast<const char*>(data.data_ptr());
     out.push_back(torch::jit::pickle_load(std::vector<char>(first, first + n)));
   }
@@ -96,8 +92,7 @@ void remove_other_shards(const std::filesystem::path& path, const std::string& t
 
 void Zero::save_checkpoint(const std::filesystem::path& path, const c10::IValue& value,
                            const checkpoint::CheckpointIO& io) {
-  auto& s = DdpAccess::state(ddp_);
-  if (!s.group || !value.isGenericDict()) {
+  if (!process_group().connected() || !value.isGenericDict()) {
     ddp_.save_checkpoint(path, value, io);
     return;
   }
@@ -120,7 +115,7 @@ void Zero::save_checkpoint(const std::filesystem::path& path, const c10::IValue&
     auto& z = *state_;
     std::string tag;
     try {
-      tag = ddp_.broadcast_object(rank() == 0 ? new_shard_tag() : std::string(), 0);
+      tag = broadcast_object(rank() == 0 ? new_shard_tag() : std::string(), 0);
     } catch (...) {
       fail("the sharded save's name", std::current_exception());
     }
@@ -142,8 +137,7 @@ void Zero::save_checkpoint(const std::filesystem::path& path, const c10::IValue&
         failure = *e.what() ? e.what() : "an error with no message";
       }
     }
-    loom::detail::agree_on_failure(ddp_, s.device, failure,
-                                   "loom::Zero: writing the shard " + own.filename().string());
+    process_group().agree(failure, "loom::Zero: writing the shard " + own.filename().string());
     ddp_.save_checkpoint(path, rank() == 0 ? checkpoint::with_shard_index(value, index) : value,
                          io);
     if (rank() == 0) remove_other_shards(path, tag);
@@ -152,7 +146,8 @@ void Zero::save_checkpoint(const std::filesystem::path& path, const c10::IValue&
   // Consolidated: every rank's states go to rank 0, which merges them by id and writes.
   std::vector<c10::IValue> all;
   try {
-    all = gather_on_zero(s, rank(), world_size(), c10::IValue(mine), options_.ddp.timeout);
+    all = gather_on_zero(process_group().state(), rank(), world_size(), c10::IValue(mine),
+                         options_.ddp.timeout);
   } catch (...) {
     fail("gathering the optimizer state on rank 0", std::current_exception());
   }
@@ -182,8 +177,7 @@ void Zero::save_checkpoint(const std::filesystem::path& path, const c10::IValue&
 
 c10::IValue Zero::load_checkpoint(const std::filesystem::path& path,
                                   const checkpoint::CheckpointIO& io, c10::Device device) {
-  auto& s = DdpAccess::state(ddp_);
-  if (!s.group) return ddp_.load_checkpoint(path, io, device);
+  if (!process_group().connected()) return ddp_.load_checkpoint(path, io, device);
   // Every rank reads the main file; of a sharded checkpoint, every shard, or only its own when
   // this run partitions the parameters as the saving run did. Any rank's failure is every
   // rank's (a rank that went on alone would wait for the others at its next collective).
@@ -209,7 +203,7 @@ c10::IValue Zero::load_checkpoint(const std::filesystem::path& path,
   } catch (const std::exception& e) {
     failure = *e.what() ? e.what() : "an error with no message";
   }
-  loom::detail::agree_on_failure(ddp_, s.device, failure, "loom::Zero: loading " + path.string());
+  process_group().agree(failure, "loom::Zero: loading " + path.string());
   return value;
 }
 

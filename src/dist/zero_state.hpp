@@ -14,11 +14,10 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <loom/dist/zero.hpp>
 
-#include "ddp_state.hpp"
+#include "group_state.hpp"
 
 namespace loom::dist {
 
@@ -33,7 +32,7 @@ struct GradBucket {
   bool in_place = false;    // one parameter, summed in its own .grad (no copy)
   bool launched = false, finished = false;
   at::Tensor flat;
-  c10::intrusive_ptr<c10d::Work> work;
+  Work work;
 };
 
 using Accumulator =
@@ -51,8 +50,7 @@ struct ZeroState {
   std::vector<GradBucket> buckets;
   std::vector<std::size_t> bucket_of;
   std::vector<std::pair<Accumulator, std::uintptr_t>> hooks;
-  c10::intrusive_ptr<c10d::ProcessGroup> group;
-  std::chrono::milliseconds timeout{0};
+  GroupState* group = nullptr;  // the Ddp's process group
   int rank = 0;
   double share = 1.0;
   bool all_reduce = false;  // the buckets' collective: allreduce, or reduce to the owner
@@ -100,25 +98,14 @@ struct ZeroState {
 
   /// Starts a bucket's collective on its buffer.
   void start(GradBucket& b) {
-    std::vector<at::Tensor> tensors{b.flat};
-    if (all_reduce) {
-      c10d::AllreduceOptions o;
-      o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
-      o.timeout = timeout;
-      b.work = group->allreduce(tensors, o);
-    } else {
-      c10d::ReduceOptions o;
-      o.rootRank = b.owner;
-      o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
-      o.timeout = timeout;
-      b.work = group->reduce(tensors, o);
-    }
+    b.work = all_reduce ? detail::all_reduce(*group, b.flat, ReduceOp::Sum)
+                        : detail::reduce(*group, b.flat, b.owner);
     b.launched = true;
   }
 
   /// Waits for a bucket: the owner's gradients become the sums, the others' are dropped.
   void finish(GradBucket& b) {
-    b.work->wait();
+    b.work.wait();
     if (b.in_place) {  // the owner's .grad holds the sum; the others drop theirs
       if (b.owner != rank) params[b.params.front()].mutable_grad() = at::Tensor();
       b.flat = at::Tensor();
@@ -152,7 +139,7 @@ struct ZeroState {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
       launch(buckets[next_launch++]);
     }
-    while (next_finish < next_launch && buckets[next_finish].work->isCompleted()) {
+    while (next_finish < next_launch && buckets[next_finish].work.completed()) {
       finish(buckets[next_finish++]);
     }
   }

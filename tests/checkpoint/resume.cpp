@@ -26,7 +26,8 @@
 // rank0_saves=1 makes the Python mistake `if (rank == 0) ckpt.save(...)` (tests of the error).
 //
 // strategy=ddp (the default) | zero1 | zero2 | zero2_sharded (loom::Zero, its stage, and the
-// sharded checkpoint form); timeout_ms=T is the process group's timeout.
+// sharded checkpoint form) | local_sgd (tests/support/local_sgd.hpp, a strategy written on the
+// public seam, averaging every 3 steps); timeout_ms=T is the process group's timeout.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -53,6 +54,8 @@
 #include <loom/dist/zero.hpp>
 #include <loom/loom.hpp>
 #include <loom/state/checkpoints.hpp>
+
+#include "../support/local_sgd.hpp"
 
 namespace {
 
@@ -222,6 +225,13 @@ int main(int argc, char** argv) {
         loom::Runtime<loom::Cpu, P, loom::Ddp> rt(loom::Cpu(), precision, loom::Ddp(ddp));
         return run(rt, a);
       }
+      if (strategy == "local_sgd") {
+        loom::dist::GroupOptions group;
+        group.timeout = ddp.timeout;
+        loom::Runtime<loom::Cpu, P, loom_test::LocalSgd> rt(loom::Cpu(), precision,
+                                                            loom_test::LocalSgd(3, group));
+        return run(rt, a);
+      }
       loom::ZeroOptions zero;
       zero.ddp = ddp;
       if (strategy == "zero1") {
@@ -230,8 +240,9 @@ int main(int argc, char** argv) {
         zero.stage = 2;
         if (strategy == "zero2_sharded") zero.checkpoint = loom::ZeroCheckpoint::sharded;
       } else {
-        throw loom::Error("loom_resume: strategy is ddp, zero1, zero2 or zero2_sharded, not '" +
-                          strategy + "'");
+        throw loom::Error(
+            "loom_resume: strategy is ddp, zero1, zero2, zero2_sharded or local_sgd, not '" +
+            strategy + "'");
       }
       loom::Runtime<loom::Cpu, P, loom::Zero> rt(loom::Cpu(), precision, loom::Zero(zero));
       return run(rt, a);

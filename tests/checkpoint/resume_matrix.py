@@ -13,6 +13,8 @@ the same bits as a run that never stopped.
                                                                 unshare -rm; else LOOM-SKIPPED)
   python resume_matrix.py --bin loom_resume --tmp DIR resize     Zero stage 2 from 2 ranks to 1, 3
   python resume_matrix.py --bin loom_resume --tmp DIR misuse     a save only rank 0 calls
+  python resume_matrix.py --bin loom_resume --tmp DIR seam       a test-only strategy on the
+                                                                public seam, under torchrun
 
 For each case loom_resume (tests/checkpoint/resume.cpp) trains STEPS steps straight, and
 separately K steps, saves, then in a new process (seeded differently) loads and trains the
@@ -640,13 +642,49 @@ def misuse(bin_, tmp):
     print("checkpoint misuse: ok")
 
 
+def seam(bin_, tmp):
+    """A strategy written on the public seam only (tests/support/local_sgd.hpp: LocalSgd, a
+    dist::GroupDefaults over a dist::ProcessGroup, averaging the ranks' parameters every 3
+    steps) on 2 ranks: saved by rt.save at step 7 (mid-period) and loaded in new processes, it
+    ends bitwise equal to 20 steps straight; under torchrun, loom::Checkpoints saves every 5
+    steps, a second launch resumes from step 10 and ends bitwise equal too. Its step count
+    travels in the runtime entry, so a resume that lost it would average at other steps."""
+    resume_case(bin_, tmp, "32-true", "adam", world=2, strategy="local_sgd")
+    straight = torch.load(tmp / "32-true_adam_w2_local_sgd.straight.pt")
+    entry = {k: straight["runtime"][k] for k in ("strategy_name", "strategy")}
+    check(entry == {"strategy_name": "local_sgd", "strategy": {"steps": STEPS}},
+          f"the runtime entry holds {entry!r}, want LocalSgd's name and {{'steps': {STEPS}}}")
+    d = tmp / "seam_checkpoints"
+    shutil.rmtree(d, ignore_errors=True)
+    base = ["precision=32-true", "optimizer=adam", "strategy=local_sgd", f"dir={d}", "every=5"]
+    text = ""
+    for steps in (10, STEPS):
+        agent = subprocess.Popen(torchrun_cmd(bin_, base + [f"steps={steps}",
+                                                            f"out={tmp / f'seam_{steps}.pt'}"], 0),
+                                 env=base_env(), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        lines = Lines([agent], DEADLINE)
+        try:
+            codes = lines.finish()
+        finally:
+            kill_workers(lines.text)
+        check(codes == [0], f"torchrun ({steps} steps) exited {codes}:\n{lines.text[-4000:]}")
+        text = lines.text
+    check("rank 0 pid" in text and "resumed from step 10" in text,
+          f"the second launch did not resume from step 10:\n{text[-3000:]}")
+    same(straight, torch.load(tmp / f"seam_{STEPS}.pt"), "local_sgd under torchrun")
+    print(f"checkpoint seam: ok (LocalSgd, {STEPS} steps straight == {K} + rt.save + rt.load + "
+          f"{STEPS - K}, and == 10 + loom::Checkpoints + a torchrun relaunch + {STEPS - 10}, "
+          f"bitwise)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--tmp", required=True)
     cases = {"matrix": matrix, "ddp": ddp, "sigkill": sigkill, "preempt": preempt,
              "elastic": elastic, "orphan": orphan, "async": async_saves,
-             "full_disk": full_disk, "resize": resize, "misuse": misuse}
+             "full_disk": full_disk, "resize": resize, "misuse": misuse, "seam": seam}
     ap.add_argument("case", choices=sorted(cases))
     a = ap.parse_args()
     tmp = Path(a.tmp)

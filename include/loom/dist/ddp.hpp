@@ -1,7 +1,7 @@
 #pragma once
-// loom::Ddp, data parallelism on torch.distributed's engine. Declarations only: the
-// definitions are the compiled library loom::dist (src/dist/), which links c10d's Reducer,
-// TCPStore and process groups from libtorch; include this header anywhere, link loom::dist
+// loom::Ddp, data parallelism on torch.distributed's engine: a dist::ProcessGroup and c10d's
+// Reducer over it. Declarations only: the definitions are the compiled library loom::dist
+// (src/dist/), which links c10d from libtorch; include this header anywhere, link loom::dist
 // where a Ddp is constructed.
 #include <chrono>
 #include <exception>
@@ -19,8 +19,8 @@
 #include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
 
-#include <loom/checkpoint/checkpoint_io.hpp>
 #include <loom/concepts/strategy.hpp>
+#include <loom/dist/process_group.hpp>
 #include <loom/state/state_dict.hpp>
 #include <loom/step_result.hpp>
 
@@ -36,36 +36,6 @@ class ProcessGroup;
 }  // namespace c10d
 
 namespace loom::dist {
-
-/// Where this process sits in the run: what torchrun (or a hand launch) put in the
-/// environment, validated. Read by Ddp's constructor; read_environment() is the same check.
-struct Environment {
-  int rank = 0;             ///< RANK, default 0
-  int world_size = 1;       ///< WORLD_SIZE, default 1
-  int local_rank = 0;       ///< LOCAL_RANK, default 0
-  int node_rank = 0;        ///< GROUP_RANK (torchrun's index of this machine), default 0
-  std::string master_addr;  ///< MASTER_ADDR, required when world_size > 1
-  int master_port = 0;      ///< MASTER_PORT, required when world_size > 1
-  /// TORCHELASTIC_USE_AGENT_STORE is "True": the launcher hosts the store, every rank is a
-  /// client (rank 0 included).
-  bool agent_store = false;
-  /// Started by torchrun's elastic agent: TORCHELASTIC_RUN_ID is set.
-  bool under_agent = false;
-  /// TORCHELASTIC_RESTART_COUNT: how many times the agent has restarted the workers (0 in
-  /// the first attempt). The agent's store outlives the workers, so under it each attempt's
-  /// keys live under the prefix "/worker/attempt_<count>": a restarted worker never reads
-  /// the address that a worker of the attempt before it left there.
-  int restart_count = 0;
-  /// TORCHELASTIC_MAX_RESTARTS: torchrun's --max-restarts (0 when not under an agent).
-  int max_restarts = 0;
-  /// None of RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT is set: one process, a
-  /// store in memory, no sockets for the rendezvous.
-  bool single_process = true;
-};
-
-/// The environment, read strictly: a malformed number, RANK >= WORLD_SIZE or a missing
-/// MASTER_ADDR/MASTER_PORT with WORLD_SIZE > 1 throws loom::Error naming the variable.
-Environment read_environment();
 
 /// How the reducer reduces each bucket of gradients: Python DDP's communication hooks
 /// (register_comm_hook, _register_builtin_comm_hook), registered by Ddp::setup before the
@@ -153,7 +123,6 @@ struct DdpOptions {
 
 namespace detail {
 struct DdpState;
-struct DdpAccess;  // loom::Zero's view of the Ddp it builds on (src/dist/)
 }  // namespace detail
 
 /// Restores gradient synchronization when it goes out of scope (Ddp::no_sync()).
@@ -200,10 +169,10 @@ class JoinGuard {
 
 /// "ddp": Python's DistributedDataParallel, driving the same engine from C++.
 ///
-/// The process group comes from the environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK,
-/// MASTER_ADDR, MASTER_PORT): a TCPStore with Python's key prefixes, then gloo for a CPU
-/// device or NCCL for a CUDA one (its current device set first). setup() checks that every
-/// rank's parameters have the same shapes, broadcasts rank 0's parameters and buffers, and
+/// The process group (dist::ProcessGroup) comes from the environment torchrun sets (RANK,
+/// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT): a TCPStore with Python's key prefixes, then
+/// gloo for a CPU device or NCCL for a CUDA one (its current device set first). setup() checks that
+/// every rank's parameters have the same shapes, broadcasts rank 0's parameters and buffers, and
 /// builds a c10d::Reducer (with its c10d::Logger) over the parameters that require a
 /// gradient: one bucket in the first iteration, then 1 MiB and 25 MiB buckets in the order
 /// gradients became ready, all-reduced while the backward pass runs. When Runtime::backward
@@ -212,18 +181,23 @@ class JoinGuard {
 /// A collective that fails (a rank died, hung past the timeout, or left early) throws
 /// loom::Error naming the rank, the world size, the timeout and what to check; the process
 /// group is then abandoned, not waited for, so the process can leave with an error code.
-/// One module per Ddp. Move-only.
+/// One module per Ddp. Move-only. The ranks, the collectives and rt.save's rank-0 write are
+/// the group's (dist::GroupDefaults).
 ///
 ///   loom::Runtime<loom::Cpu, loom::Fp32, loom::Ddp> rt;
 ///   rt.setup(model, optimizer);           // rank 0's weights on every rank
 ///   rt.backward(loss, model);             // gradients averaged when this returns
-class Ddp {
+class Ddp : public GroupDefaults<Ddp> {
  public:
   static constexpr std::string_view strategy() { return "ddp"; }
 
   /// Reads and validates the environment; connects nothing yet (setup() does).
   Ddp();
   explicit Ddp(DdpOptions options);
+  /// For a strategy built on a Ddp (loom::Zero): errors start with `name`; without the
+  /// reducer (`reducer` false) setup connects, checks and broadcasts the module only, and
+  /// backward runs the step alone (the strategy reduces the gradients itself).
+  Ddp(DdpOptions options, std::string name, bool reducer);
   Ddp(Ddp&&) noexcept;
   Ddp& operator=(Ddp&&) noexcept;
   ~Ddp();
@@ -254,29 +228,10 @@ class Ddp {
   /// of the scope. Valid after setup(); one join at a time.
   [[nodiscard]] JoinGuard join(JoinOptions options = {});
 
-  int rank() const;
-  int world_size() const;
-  int local_rank() const;
-  /// This machine's index among the run's machines: torchrun's GROUP_RANK (--node-rank).
-  int node_rank() const;
-  bool is_global_zero() const { return rank() == 0; }
-  const Environment& environment() const;
   const DdpOptions& options() const;
-  /// The backend setup() connected ("gloo", "nccl"); empty before setup.
-  std::string_view backend() const;
-
-  /// Collectives over every rank, in place; valid after setup().
-  void barrier();
-  /// A barrier whose failure names it: "the barrier \"name\"".
-  void barrier(std::string_view name);
-  void all_reduce(at::Tensor& t, ReduceOp op);
-  void broadcast(at::Tensor& t, int src);
-  std::vector<at::Tensor> all_gather(const at::Tensor& t);
-  /// Rank `src`'s value on every rank (Python's broadcast_object_list): pickled as torch.save
-  /// pickles (torch::pickle_save), its size and then its bytes broadcast on the group's
-  /// device; what the other ranks pass is ignored.
-  std::string broadcast_object(const std::string& value, int src);
-  StateDict broadcast_object(const StateDict& value, int src);
+  /// The process group: the environment, the backend and the collectives.
+  ProcessGroup& process_group() { return group_; }
+  const ProcessGroup& process_group() const { return group_; }
 
   /// The precision's step, as on one process: every rank holds the averaged gradients and
   /// steps every parameter. A step after backward passes that all ran under no_sync (the
@@ -286,21 +241,14 @@ class Ddp {
     check_step_synchronized();
     return std::forward<Step>(step)();
   }
-  /// The precision's clip: every rank holds every averaged gradient, so its norm is the
-  /// global one.
-  template <class Clip>
-  GradNorm clip_gradients(torch::optim::Optimizer&, double max_norm, double, Clip&& clip) {
-    return std::forward<Clip>(clip)(max_norm);
-  }
-
-  /// rt.save: rank 0 writes through `io`; every rank returns once the file is written, and a
-  /// failed write is a loom::Error on every rank (rank 0's message there, elsewhere one naming
-  /// the file).
-  void save_checkpoint(const std::filesystem::path& path, const c10::IValue& value,
-                       const checkpoint::CheckpointIO& io);
-  /// rt.load: every rank reads the whole file through `io`, tensors mapped to `device`.
-  c10::IValue load_checkpoint(const std::filesystem::path& path, const checkpoint::CheckpointIO& io,
-                              c10::Device device);
+  /// Before an optimizer step: a loom::Error when backward passes ran since the last step
+  /// and none of them reduced the gradients (each under no_sync); then counts anew.
+  void check_step_synchronized();
+  /// Whether a backward now reduces the gradients (no no_sync() guard lives).
+  bool synchronizing() const;
+  /// For a strategy that reduces the gradients itself: a backward ran (`synced`: it reduced
+  /// them), for check_step_synchronized.
+  void record_backward(bool synced);
 
   /// {"bucket_order": the reducer's buckets, each a list of parameter indices} once the
   /// reducer is built (else empty): the layout its all-reduces sum in, which the reducer
@@ -313,22 +261,19 @@ class Ddp {
   /// once, is a loom::Error.
   void load_state_dict(const StateDict& state);
   /// A barrier, then the process group shuts down (no "connection closed by peer" on the
-  /// others); called by Runtime::teardown, and by the destructor if not called before.
+  /// others) and the reducer goes; called by Runtime::teardown, and by the destructor if not
+  /// called before.
   void teardown();
 
  private:
   friend class JoinGuard;
-  friend struct detail::DdpAccess;
   void prepare_backward(const at::Tensor& loss);
-  /// optimizer_step's check that a backward since the last step reduced the gradients.
-  void check_step_synchronized();
   /// JoinGuard's end: the shadowing loop, then the last joiner's state on every rank.
   void finish_join();
   void join_main_hook();
-  c10::IValue broadcast_ivalue(const c10::IValue& value, int src);
-  void barrier_named(std::string_view what);
   [[noreturn]] void fail(std::string_view what, std::exception_ptr error);
 
+  ProcessGroup group_;  // first: it outlives the reducer, which holds its c10d group
   std::unique_ptr<detail::DdpState> state_;
 };
 

@@ -117,7 +117,7 @@ struct ZeroState;
 ///
 ///   loom::Runtime<loom::Cpu, loom::Fp32, loom::Zero> rt(loom::Cpu(), loom::Fp32(),
 ///                                                      loom::Zero({.stage = 2}));
-class Zero {
+class Zero : public GroupDefaults<Zero> {
  public:
   static constexpr std::string_view strategy() { return "zero"; }
 
@@ -147,6 +147,9 @@ class Zero {
     reduce_gradients();
   }
   [[nodiscard]] NoSyncGuard no_sync() { return ddp_.no_sync(); }
+  /// The Ddp's process group: the ranks and the collectives (dist::GroupDefaults).
+  ProcessGroup& process_group() { return ddp_.process_group(); }
+  const ProcessGroup& process_group() const { return ddp_.process_group(); }
 
   /// `unscale`, then `step` on this rank's shard, then every shard's parameters broadcast from
   /// its owner.
@@ -170,27 +173,10 @@ class Zero {
     return clip_shard(optimizer, max_norm, norm_type, local);
   }
 
-  int rank() const { return ddp_.rank(); }
-  int world_size() const { return ddp_.world_size(); }
-  int local_rank() const { return ddp_.local_rank(); }
-  int node_rank() const { return ddp_.node_rank(); }
-  bool is_global_zero() const { return rank() == 0; }
   int stage() const { return options_.stage; }
   const ZeroOptions& options() const { return options_; }
-  /// The Ddp underneath: its environment, backend and collectives.
+  /// The Ddp underneath: its options and (stage 1) its reducer.
   Ddp& ddp() { return ddp_; }
-
-  void barrier() { ddp_.barrier(); }
-  void barrier(std::string_view name) { ddp_.barrier(name); }
-  void all_reduce(at::Tensor& t, ReduceOp op) { ddp_.all_reduce(t, op); }
-  void broadcast(at::Tensor& t, int src) { ddp_.broadcast(t, src); }
-  std::vector<at::Tensor> all_gather(const at::Tensor& t) { return ddp_.all_gather(t); }
-  std::string broadcast_object(const std::string& value, int src) {
-    return ddp_.broadcast_object(value, src);
-  }
-  StateDict broadcast_object(const StateDict& value, int src) {
-    return ddp_.broadcast_object(value, src);
-  }
 
   /// Which rank owns each of the module's parameters that require a gradient, in the
   /// module's order (empty before setup).
