@@ -26,8 +26,8 @@
 // rank0_saves=1 makes the Python mistake `if (rank == 0) ckpt.save(...)` (tests of the error).
 //
 // strategy=ddp (the default) | zero1 | zero2 | zero2_sharded (loom::Zero, its stage, and the
-// sharded checkpoint form) | local_sgd (tests/support/local_sgd.hpp, a strategy written on the
-// public seam, averaging every 3 steps); timeout_ms=T is the process group's timeout.
+// sharded checkpoint form) | gradient_average (tests/support/gradient_average.hpp, a strategy
+// written on the public seam); timeout_ms=T is the process group's timeout.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -55,7 +55,7 @@
 #include <loom/loom.hpp>
 #include <loom/state/checkpoints.hpp>
 
-#include "../support/local_sgd.hpp"
+#include "../support/gradient_average.hpp"
 
 namespace {
 
@@ -225,11 +225,11 @@ int main(int argc, char** argv) {
         loom::Runtime<loom::Cpu, P, loom::Ddp> rt(loom::Cpu(), precision, loom::Ddp(ddp));
         return run(rt, a);
       }
-      if (strategy == "local_sgd") {
+      if (strategy == "gradient_average") {
         loom::dist::GroupOptions group;
         group.timeout = ddp.timeout;
-        loom::Runtime<loom::Cpu, P, loom_test::LocalSgd> rt(loom::Cpu(), precision,
-                                                            loom_test::LocalSgd(3, group));
+        loom::Runtime<loom::Cpu, P, loom_test::GradientAverage> rt(
+            loom::Cpu(), precision, loom_test::GradientAverage(group));
         return run(rt, a);
       }
       loom::ZeroOptions zero;
@@ -241,7 +241,7 @@ int main(int argc, char** argv) {
         if (strategy == "zero2_sharded") zero.checkpoint = loom::ZeroCheckpoint::sharded;
       } else {
         throw loom::Error(
-            "loom_resume: strategy is ddp, zero1, zero2, zero2_sharded or local_sgd, not '" +
+            "loom_resume: strategy is ddp, zero1, zero2, zero2_sharded or gradient_average, not '" +
             strategy + "'");
       }
       loom::Runtime<loom::Cpu, P, loom::Zero> rt(loom::Cpu(), precision, loom::Zero(zero));

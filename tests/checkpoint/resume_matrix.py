@@ -643,39 +643,51 @@ def misuse(bin_, tmp):
 
 
 def seam(bin_, tmp):
-    """A strategy written on the public seam only (tests/support/local_sgd.hpp: LocalSgd, a
-    dist::GroupDefaults over a dist::ProcessGroup, averaging the ranks' parameters every 3
-    steps) on 2 ranks: saved by rt.save at step 7 (mid-period) and loaded in new processes, it
-    ends bitwise equal to 20 steps straight; under torchrun, loom::Checkpoints saves every 5
-    steps, a second launch resumes from step 10 and ends bitwise equal too. Its step count
-    travels in the runtime entry, so a resume that lost it would average at other steps."""
-    resume_case(bin_, tmp, "32-true", "adam", world=2, strategy="local_sgd")
-    straight = torch.load(tmp / "32-true_adam_w2_local_sgd.straight.pt")
+    """A strategy written on the public seam only (tests/support/gradient_average.hpp:
+    GradientAverage, a dist::GroupDefaults over a dist::ProcessGroup that averages every
+    gradient after the backward) on 2 ranks: saved by rt.save at step 7 and loaded in new
+    processes, it ends bitwise equal to 20 steps straight; under torchrun, loom::Checkpoints
+    saves every 5 steps, a second launch resumes from step 10 and ends bitwise equal too. Its
+    count of averaged backward passes travels in the runtime entry: the resumed run ends at 20
+    only if rt.load restored 7. Its weights are loom::Ddp's, bit for bit (the ranks see
+    different batches: without the averaging they would be far apart)."""
+    resume_case(bin_, tmp, "32-true", "adam", world=2, strategy="gradient_average")
+    straight = torch.load(tmp / "32-true_adam_w2_gradient_average.straight.pt")
     entry = {k: straight["runtime"][k] for k in ("strategy_name", "strategy")}
-    check(entry == {"strategy_name": "local_sgd", "strategy": {"steps": STEPS}},
-          f"the runtime entry holds {entry!r}, want LocalSgd's name and {{'steps': {STEPS}}}")
+    check(entry == {"strategy_name": "gradient_average", "strategy": {"averaged": STEPS}},
+          f"the runtime entry holds {entry!r}, want GradientAverage's name and "
+          f"{{'averaged': {STEPS}}}")
+    ddp_out = tmp / "seam_ddp.pt"
+    run(bin_, ["precision=32-true", "optimizer=adam", f"steps={STEPS}", "strategy=ddp",
+               f"out={ddp_out}"], 2)
+    ddp_model = torch.load(ddp_out)["model"]
+    # On 2 ranks halving is exact: averaging after the sum (here) or before it (Ddp's reducer)
+    # gives the same bits.
+    same(ddp_model, straight["model"], "GradientAverage's weights against loom::Ddp's")
     d = tmp / "seam_checkpoints"
     shutil.rmtree(d, ignore_errors=True)
-    base = ["precision=32-true", "optimizer=adam", "strategy=local_sgd", f"dir={d}", "every=5"]
+    base = ["precision=32-true", "optimizer=adam", "strategy=gradient_average", f"dir={d}",
+            "every=5", f"steps={STEPS}", f"out={tmp / 'seam_final.pt'}"]
+    # The first launch leaves after step 10 (its checkpoint written), the second resumes.
+    first = ["save_at=10", f"save={tmp / 'seam_unused.pt'}", "kill_after_save=1"]
     text = ""
-    for steps in (10, STEPS):
-        agent = subprocess.Popen(torchrun_cmd(bin_, base + [f"steps={steps}",
-                                                            f"out={tmp / f'seam_{steps}.pt'}"], 0),
-                                 env=base_env(), stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+    for args in (base + first, base):
+        agent = subprocess.Popen(torchrun_cmd(bin_, args, 0), env=base_env(),
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
         lines = Lines([agent], DEADLINE)
         try:
             codes = lines.finish()
         finally:
             kill_workers(lines.text)
-        check(codes == [0], f"torchrun ({steps} steps) exited {codes}:\n{lines.text[-4000:]}")
+        check(codes == [0], f"torchrun {args} exited {codes}:\n{lines.text[-4000:]}")
         text = lines.text
     check("rank 0 pid" in text and "resumed from step 10" in text,
           f"the second launch did not resume from step 10:\n{text[-3000:]}")
-    same(straight, torch.load(tmp / f"seam_{STEPS}.pt"), "local_sgd under torchrun")
-    print(f"checkpoint seam: ok (LocalSgd, {STEPS} steps straight == {K} + rt.save + rt.load + "
+    same(straight, torch.load(tmp / "seam_final.pt"), "gradient_average under torchrun")
+    print(f"checkpoint seam: ok (GradientAverage, {STEPS} steps straight == {K} + rt.save + rt.load + "
           f"{STEPS - K}, and == 10 + loom::Checkpoints + a torchrun relaunch + {STEPS - 10}, "
-          f"bitwise)")
+          f"bitwise; its weights are loom::Ddp's)")
 
 
 def main():
