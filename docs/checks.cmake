@@ -171,9 +171,13 @@ elseif(CHECK STREQUAL "headers")
 
 # ---- concept_rows -----------------------------------------------------------------------------
 elseif(CHECK STREQUAL "concept_rows")
-  # The texts of one row list: the string literals of each X(__VA_ARGS__, row, "text" ...).
+  # The texts of one row list: the string literals of each X(__VA_ARGS__, row, "text" ...) of
+  # LOOM_DETAIL_<LIST>_ROWS in detail/<family>_rows.hpp (LIST: the family, or ARGV2).
   function(row_texts family out)
     string(TOUPPER "${family}" FAMILY)
+    if(ARGC GREATER 2)
+      string(TOUPPER "${ARGV2}" FAMILY)
+    endif()
     file(READ "${ROOT}/include/loom/detail/${family}_rows.hpp" text)
     string(REPLACE ";" "<:s:>" text "${text}")
     string(REPLACE "[" "<:l:>" text "${text}")
@@ -205,6 +209,8 @@ elseif(CHECK STREQUAL "concept_rows")
   row_texts(precision precision)
   row_texts(device device)
   row_texts(strategy strategy)
+  row_texts(strategy collectives collectives)  # LOOM_DETAIL_STRATEGY_ROWS ends with these
+  list(APPEND strategy ${collectives})
   list(APPEND precision ${checkpointable})  # Runtime checks Checkpointable's rows after each
   list(APPEND device ${checkpointable})     # family's own (detail/*_rows.hpp)
   list(APPEND strategy ${checkpointable})

@@ -66,9 +66,6 @@
 
 namespace loom {
 
-/// Names to the objects rt.save writes and rt.load restores (state/entry.hpp).
-using State = std::vector<StateEntry>;
-
 /// A training runtime: a device policy, a precision policy and a strategy policy (one process
 /// unless given), called in Lightning Fabric's order. Stores its policies at no cost (empty
 /// policies take no space; the runtime adds its list of loggers and a setup flag) and calls

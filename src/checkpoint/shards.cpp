@@ -11,6 +11,8 @@
 
 #include <loom/error.hpp>
 
+#include "../state/optimizer_shards.hpp"
+
 namespace loom::checkpoint {
 
 namespace {
@@ -127,15 +129,12 @@ void read_shard(c10::IValue& value, const std::filesystem::path& main,
   auto top = value.toGenericDict();
   for (const auto& item : shard.toGenericDict()) {
     const std::string name = item.key().isString() ? item.key().toStringRef() : "?";
-    if (!top.contains(name) || !top.at(name).isGenericDict() ||
-        !top.at(name).toGenericDict().contains("state") ||
-        !top.at(name).toGenericDict().at("state").isGenericDict() ||
-        !item.value().isGenericDict()) {
+    auto states = state::optimizer_state_of(top, name);
+    if (!states || !item.value().isGenericDict()) {
       throw Error("loom: the shard file " + file.string() + " holds states of '" + name +
                   "', which " + main.string() + " has no optimizer entry for");
     }
-    auto state = top.at(name).toGenericDict().at("state").toGenericDict();
-    for (const auto& e : item.value().toGenericDict()) state.insert_or_assign(e.key(), e.value());
+    for (const auto& e : item.value().toGenericDict()) states->insert_or_assign(e.key(), e.value());
   }
 }
 

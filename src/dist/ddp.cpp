@@ -27,7 +27,6 @@
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include <loom/checkpoint/shards.hpp>
-#include <loom/detail/agree_on_failure.hpp>
 #include <loom/detail/message_of.hpp>
 #include <loom/detail/refuse_state.hpp>
 #include <loom/error.hpp>

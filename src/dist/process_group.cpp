@@ -138,9 +138,8 @@ at::Tensor flag(const detail::GroupState& s, double value, at::ScalarType dtype)
 
 /// A sum all-reduce of `t`, waited for unless `wait` is false (then c10d keeps the work).
 void sum_all_reduce(detail::GroupState& s, at::Tensor& t, bool wait) {
-  std::vector<at::Tensor> tensors{t};
-  auto work = s.group->allreduce(tensors);
-  if (wait) work->wait();
+  Work work = all_reduce(s, t, ReduceOp::Sum);
+  if (wait) work.wait();
 }
 
 Work all_reduce(GroupState& s, at::Tensor& t, ReduceOp op) {
@@ -274,10 +273,7 @@ void ProcessGroup::all_reduce(at::Tensor& t, ReduceOp op) {
                 ".contiguous() copy)");
   }
   try {
-    std::vector<at::Tensor> tensors{t};
-    c10d::AllreduceOptions o;
-    o.reduceOp = to_c10d(op);
-    s.group->allreduce(tensors, o)->wait();
+    detail::all_reduce(s, t, op).wait();
   } catch (...) {
     fail("all_reduce", std::current_exception());
   }
@@ -294,10 +290,7 @@ void ProcessGroup::broadcast(at::Tensor& t, int src) {
   if (!s.group) return;
   if (!t.is_contiguous()) throw Error(s.name + "::broadcast: the tensor must be contiguous");
   try {
-    std::vector<at::Tensor> tensors{t};
-    c10d::BroadcastOptions o;
-    o.rootRank = src;
-    s.group->broadcast(tensors, o)->wait();
+    detail::broadcast(s, t, src).wait();
   } catch (...) {
     fail("broadcast", std::current_exception());
   }

@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <cstring>
 #include <iomanip>
-#include <map>
 #include <random>
 #include <sstream>
 #include <string>
@@ -19,21 +18,16 @@
 
 #include <loom/checkpoint/mapped.hpp>
 #include <loom/checkpoint/shards.hpp>
+#include <loom/detail/agree_on_failure.hpp>
 #include <loom/error.hpp>
 
+#include "../state/optimizer_shards.hpp"
 #include "group_state.hpp"
 #include "zero_state.hpp"
 
 namespace loom::dist {
 
 namespace {
-
-/// Whether a checkpoint value is an optimizer's state in Python's layout.
-bool is_optimizer_entry(const c10::IValue& v) {
-  if (!v.isGenericDict()) return false;
-  const auto d = v.toGenericDict();
-  return d.size() == 2 && d.contains("state") && d.contains("param_groups");
-}
 
 /// Every rank's `mine` on rank 0, its own first, by point-to-point messages (the other ranks
 /// get nothing back): what rank 0 needs to consolidate, 1/world of a broadcast's traffic.
@@ -99,12 +93,7 @@ void Zero::save_checkpoint(const std::filesystem::path& path, const c10::IValue&
   // Each rank's optimizer entries hold the state of its shard's parameters (their ids are the
   // whole groups').
   const auto top = value.toGenericDict();
-  c10::impl::GenericDict mine(c10::StringType::get(), c10::AnyType::get());
-  for (const auto& item : top) {
-    if (is_optimizer_entry(item.value())) {
-      mine.insert(item.key(), item.value().toGenericDict().at("state"));
-    }
-  }
+  const state::Dict mine = state::optimizer_states(top);
   if (mine.empty()) {
     ddp_.save_checkpoint(path, value, io);
     return;
@@ -128,16 +117,11 @@ void Zero::save_checkpoint(const std::filesystem::path& path, const c10::IValue&
       index.owners.push_back(z.owners[i]);
       index.numels.push_back(z.params[i].numel());
     }
-    std::string failure;
     const auto own = checkpoint::shard_path(path, tag, rank(), world_size());
-    if (rank() != 0) {
-      try {
-        io.save(own, c10::IValue(mine));
-      } catch (const std::exception& e) {
-        failure = *e.what() ? e.what() : "an error with no message";
-      }
-    }
-    process_group().agree(failure, "loom::Zero: writing the shard " + own.filename().string());
+    loom::detail::agree_on(process_group(),
+                           "loom::Zero: writing the shard " + own.filename().string(), [&] {
+                             if (rank() != 0) io.save(own, c10::IValue(mine));
+                           });
     ddp_.save_checkpoint(path, rank() == 0 ? checkpoint::with_shard_index(value, index) : value,
                          io);
     if (rank() == 0) remove_other_shards(path, tag);
@@ -155,24 +139,7 @@ void Zero::save_checkpoint(const std::filesystem::path& path, const c10::IValue&
     ddp_.save_checkpoint(path, value, io);
     return;
   }
-  std::map<std::string, std::map<std::int64_t, c10::IValue>> merged;
-  for (const auto& got : all) {
-    for (const auto& entry : got.toGenericDict()) {
-      auto& states = merged[entry.key().toStringRef()];
-      for (const auto& e : entry.value().toGenericDict()) {
-        states.insert_or_assign(e.key().toInt(), e.value());
-      }
-    }
-  }
-  auto whole = top.copy();
-  for (auto& [name, states] : merged) {
-    auto entry = top.at(name).toGenericDict().copy();
-    c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
-    for (auto& [id, v] : states) state.insert(id, v);
-    entry.insert_or_assign("state", state);
-    whole.insert_or_assign(name, entry);
-  }
-  ddp_.save_checkpoint(path, c10::IValue(whole), io);
+  ddp_.save_checkpoint(path, c10::IValue(state::with_optimizer_states(top, all)), io);
 }
 
 c10::IValue Zero::load_checkpoint(const std::filesystem::path& path,
@@ -183,8 +150,7 @@ c10::IValue Zero::load_checkpoint(const std::filesystem::path& path,
   // rank's (a rank that went on alone would wait for the others at its next collective).
   const auto& z = *state_;
   c10::IValue value;
-  std::string failure;
-  try {
+  loom::detail::agree_on(process_group(), "loom::Zero: loading " + path.string(), [&] {
     // Every CRC-32 checked here, inside the agreement (not as rt.load copies the tensors): a
     // corrupted shard fails every rank.
     checkpoint::DeferredChecks checks;
@@ -200,10 +166,7 @@ c10::IValue Zero::load_checkpoint(const std::filesystem::path& path,
                                        [&](int r) { return !same || r == rank(); });
     }
     checks.finish();
-  } catch (const std::exception& e) {
-    failure = *e.what() ? e.what() : "an error with no message";
-  }
-  process_group().agree(failure, "loom::Zero: loading " + path.string());
+  });
   return value;
 }
 

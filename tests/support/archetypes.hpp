@@ -6,6 +6,7 @@
 // the <-1> archetypes fail their concept, so the two cannot drift apart.
 #include <filesystem>
 #include <ranges>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -163,14 +164,25 @@ struct StrategyArchetype {
   int rank() const requires(Missing != s_strategy_has_rank) { return 0; }
   int world_size() const requires(Missing != s_strategy_has_world_size) { return 1; }
   int local_rank() const requires(Missing != s_strategy_has_local_rank) { return 0; }
+  int node_rank() const requires(Missing != s_strategy_has_node_rank) { return 0; }
   bool is_global_zero() const requires(Missing != s_strategy_has_is_global_zero) { return true; }
   void barrier() requires(Missing != s_strategy_has_barrier) {}
+  void barrier(std::string_view) requires(Missing != s_strategy_has_named_barrier) {}
   void all_reduce(at::Tensor&, dist::ReduceOp) requires(Missing != s_strategy_has_all_reduce) {}
   void broadcast(at::Tensor&, int) requires(Missing != s_strategy_has_broadcast) {}
   std::vector<at::Tensor> all_gather(const at::Tensor& t) requires(Missing !=
                                                                    s_strategy_has_all_gather) {
     return {t};
   }
+  std::string broadcast_object(const std::string& v,
+                               int) requires(Missing != s_strategy_has_broadcast_object) {
+    return v;
+  }
+  StateDict broadcast_object(const StateDict& v,
+                             int) requires(Missing != s_strategy_has_broadcast_object) {
+    return v;
+  }
+  void agree(const std::string&, const std::string&) requires(Missing != s_strategy_has_agree) {}
   template <class Unscale, class Step>
   auto optimizer_step(Optimizers, Unscale&&,
                       Step&& step) requires(Missing != s_strategy_has_optimizer_step) {

@@ -31,6 +31,7 @@ namespace loom {
 ///   s.all_reduce(t, op)      void (t in place)         nothing (one process: t is the result)
 ///   s.broadcast(t, src)      void (t in place)         nothing; src must be 0
 ///   s.all_gather(t)          std::vector<Tensor>       {t.clone()}
+///   + node_rank, barrier(name), broadcast_object, agree: the Collectives rows (below)
 ///   s.optimizer_step(os, unscale, step)  step()'s      step()
 ///   s.clip_gradients(o, max, type, clip)  GradNorm     clip(max)
 ///   s.save_checkpoint(path, v, io)  void               io.save(path, v): it writes
@@ -49,5 +50,20 @@ namespace loom {
 template <class S>
 concept StrategyPolicy =
     true LOOM_DETAIL_STRATEGY_ROWS(LOOM_DETAIL_ROW_AND, S) && Checkpointable<S>;
+
+/// The part of StrategyPolicy that the library calls outside the runtime's hooks: ranks and
+/// collectives (dist/collectives.hpp, dist/rank_zero.hpp, DistributedSampler, Checkpoints,
+/// state/). Every row has a default on dist::Defaults (one process) and dist::GroupDefaults
+/// (a dist::ProcessGroup's).
+///
+///   cs.node_rank()                      int           0 (torchrun's GROUP_RANK)
+///   s.barrier(name)                     void          nothing (a failure names the barrier)
+///   s.broadcast_object(text|dict, src)  std::string | StateDict: the value (src must be 0)
+///   s.agree(failure, what)              void          throws "WHAT failed on rank 0: FAILURE"
+///                                                     when `failure` is not empty
+///   + rank, world_size, local_rank, is_global_zero, barrier, all_reduce, broadcast,
+///     all_gather, as in the table above
+template <class S>
+concept Collectives = true LOOM_DETAIL_COLLECTIVES_ROWS(LOOM_DETAIL_ROW_AND, S);
 
 }  // namespace loom

@@ -3,6 +3,7 @@
 // makes the concept and its diagnostics, and the check Runtime runs on its Strategy argument.
 #include <concepts>
 #include <filesystem>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -15,6 +16,7 @@
 #include <loom/detail/checkpointable_rows.hpp>
 #include <loom/detail/meta.hpp>
 #include <loom/detail/rows.hpp>
+#include <loom/state/state_dict.hpp>
 #include <loom/step_result.hpp>
 
 namespace torch::nn {
@@ -88,12 +90,20 @@ concept strategy_has_local_rank = requires(const S& s) {
   { s.local_rank() } -> std::same_as<int>;
 };
 template <class S>
+concept strategy_has_node_rank = requires(const S& s) {
+  { s.node_rank() } -> std::same_as<int>;
+};
+template <class S>
 concept strategy_has_is_global_zero = requires(const S& s) {
   { s.is_global_zero() } -> std::same_as<bool>;
 };
 template <class S>
 concept strategy_has_barrier = requires(S& s) {
   { s.barrier() } -> std::same_as<void>;
+};
+template <class S>
+concept strategy_has_named_barrier = requires(S& s, std::string_view name) {
+  { s.barrier(name) } -> std::same_as<void>;
 };
 template <class S>
 concept strategy_has_all_reduce = requires(S& s, at::Tensor& t, dist::ReduceOp op) {
@@ -106,6 +116,16 @@ concept strategy_has_broadcast = requires(S& s, at::Tensor& t, int src) {
 template <class S>
 concept strategy_has_all_gather = requires(S& s, const at::Tensor& t) {
   { s.all_gather(t) } -> std::same_as<std::vector<at::Tensor>>;
+};
+template <class S>
+concept strategy_has_broadcast_object = requires(S& s, const std::string& text,
+                                                 const StateDict& dict, int src) {
+  { s.broadcast_object(text, src) } -> std::same_as<std::string>;
+  { s.broadcast_object(dict, src) } -> std::same_as<StateDict>;
+};
+template <class S>
+concept strategy_has_agree = requires(S& s, const std::string& failure, const std::string& what) {
+  { s.agree(failure, what) } -> std::same_as<void>;
 };
 
 template <class S>
@@ -131,6 +151,28 @@ concept strategy_has_load_checkpoint = requires(S& s, const std::filesystem::pat
 };
 
 // clang-format off
+/// The rows of loom::Collectives: what the library calls on a strategy outside the runtime's
+/// hooks (collectives.hpp, rank_zero.hpp, DistributedSampler, Checkpoints, state/).
+#define LOOM_DETAIL_COLLECTIVES_ROWS(X, ...)                                                    \
+  X(__VA_ARGS__, strategy_has_rank, "`int rank() const`")                                       \
+  X(__VA_ARGS__, strategy_has_world_size, "`int world_size() const`")                           \
+  X(__VA_ARGS__, strategy_has_local_rank, "`int local_rank() const`")                           \
+  X(__VA_ARGS__, strategy_has_node_rank, "`int node_rank() const`")                             \
+  X(__VA_ARGS__, strategy_has_is_global_zero, "`bool is_global_zero() const`")                  \
+  X(__VA_ARGS__, strategy_has_barrier, "`void barrier()`")                                      \
+  X(__VA_ARGS__, strategy_has_named_barrier, "`void barrier(std::string_view name)`")           \
+  X(__VA_ARGS__, strategy_has_all_reduce,                                                       \
+    "`void all_reduce(torch::Tensor&, loom::dist::ReduceOp)`")                                  \
+  X(__VA_ARGS__, strategy_has_broadcast, "`void broadcast(torch::Tensor&, int src)`")           \
+  X(__VA_ARGS__, strategy_has_all_gather,                                                       \
+    "`std::vector<torch::Tensor> all_gather(const torch::Tensor&)`")                            \
+  X(__VA_ARGS__, strategy_has_broadcast_object,                                                 \
+    "`std::string broadcast_object(const std::string&, int src)` and "                          \
+    "`loom::StateDict broadcast_object(const loom::StateDict&, int src)`")                      \
+  X(__VA_ARGS__, strategy_has_agree,                                                            \
+    "`void agree(const std::string& failure, const std::string& what)`")
+
+/// StrategyPolicy's rows: the runtime's hooks, then the Collectives rows.
 #define LOOM_DETAIL_STRATEGY_ROWS(X, ...)                                                       \
   X(__VA_ARGS__, movable, "a move constructor")                                                 \
   X(__VA_ARGS__, strategy_has_name, "`static constexpr std::string_view strategy()`")           \
@@ -140,16 +182,6 @@ concept strategy_has_load_checkpoint = requires(S& s, const std::filesystem::pat
   X(__VA_ARGS__, strategy_has_backward,                                                         \
     "`void backward(const torch::Tensor& loss, Step&& step)` that calls step()")                \
   X(__VA_ARGS__, strategy_has_no_sync, "`no_sync()` returning a ScopeGuard")                    \
-  X(__VA_ARGS__, strategy_has_rank, "`int rank() const`")                                       \
-  X(__VA_ARGS__, strategy_has_world_size, "`int world_size() const`")                           \
-  X(__VA_ARGS__, strategy_has_local_rank, "`int local_rank() const`")                           \
-  X(__VA_ARGS__, strategy_has_is_global_zero, "`bool is_global_zero() const`")                  \
-  X(__VA_ARGS__, strategy_has_barrier, "`void barrier()`")                                      \
-  X(__VA_ARGS__, strategy_has_all_reduce,                                                       \
-    "`void all_reduce(torch::Tensor&, loom::dist::ReduceOp)`")                                  \
-  X(__VA_ARGS__, strategy_has_broadcast, "`void broadcast(torch::Tensor&, int src)`")           \
-  X(__VA_ARGS__, strategy_has_all_gather,                                                       \
-    "`std::vector<torch::Tensor> all_gather(const torch::Tensor&)`")                            \
   X(__VA_ARGS__, strategy_has_optimizer_step,                                                   \
     "`R optimizer_step(loom::Optimizers, Unscale&& unscale, Step&& step)` that returns "        \
     "step()'s R")                                                                               \
@@ -161,7 +193,8 @@ concept strategy_has_load_checkpoint = requires(S& s, const std::filesystem::pat
     "const loom::checkpoint::CheckpointIO&)`")                                                  \
   X(__VA_ARGS__, strategy_has_load_checkpoint,                                                  \
     "`c10::IValue load_checkpoint(const std::filesystem::path&, "                               \
-    "const loom::checkpoint::CheckpointIO&, torch::Device)`")
+    "const loom::checkpoint::CheckpointIO&, torch::Device)`")                                   \
+  LOOM_DETAIL_COLLECTIVES_ROWS(X, __VA_ARGS__)
 
 #define LOOM_DETAIL_STRATEGY_LACKS \
   "loom::Runtime: the Strategy argument does not model StrategyPolicy: it lacks "

@@ -1,7 +1,7 @@
 #pragma once
 // Collectives over nested batches: every tensor leaf of a batch (tuples, maps, vectors,
 // optionals, Hana structs: whatever batch/walk.hpp walks) reduced, gathered or broadcast over
-// the ranks, on any StrategyPolicy (rt.strategy()); Fabric's all_reduce(data), all_gather(data)
+// the ranks, on any loom::Collectives (rt.strategy()); Fabric's all_reduce(data), all_gather(data)
 // and broadcast(data). One collective per leaf, in the walker's order: every rank passes a
 // batch of the same structure (a std::unordered_map's order is its own: prefer std::map) and
 // the same shapes. Non-tensor leaves come back unchanged.
@@ -25,7 +25,7 @@ namespace detail {
 
 /// Every rank's `t` has rank 0's shape; else the same loom::Error on every rank, naming the
 /// first rank that differs (c10d's all-gather would fail or hang on shapes that differ).
-template <StrategyPolicy S>
+template <Collectives S>
 void require_same_shape(S& s, const at::Tensor& t, std::string_view what) {
   std::uint64_t hash = 1469598103934665603ull;  // FNV-1a over the sizes
   for (auto d : t.sizes()) hash = (hash ^ static_cast<std::uint64_t>(d)) * 1099511628211ull;
@@ -62,7 +62,7 @@ B on_copies(const B& batch, Collective&& collective) {
 ///
 ///   auto m = loom::dist::all_reduce(rt.strategy(), std::map<std::string, torch::Tensor>{
 ///                {"loss", loss_sum}, {"correct", correct}}, loom::dist::ReduceOp::Sum);
-template <StrategyPolicy S, class B>
+template <Collectives S, class B>
 B all_reduce(S& s, const B& batch, ReduceOp op) {
   return detail::on_copies(batch, [&](at::Tensor& c) { s.all_reduce(c, op); });
 }
@@ -70,7 +70,7 @@ B all_reduce(S& s, const B& batch, ReduceOp op) {
 /// A copy of `batch` whose every tensor leaf of shape (d...) becomes the ranks' leaves stacked,
 /// shape (world_size, d...), rank r's at index r (one process too: (1, d...)). Leaves whose
 /// shapes differ between ranks are a loom::Error on every rank.
-template <StrategyPolicy S, class B>
+template <Collectives S, class B>
 B all_gather(S& s, const B& batch) {
   return batch::map(batch, [&](const at::Tensor& t) {
     detail::require_same_shape(s, t, "all_gather");
@@ -80,7 +80,7 @@ B all_gather(S& s, const B& batch) {
 
 /// A copy of `batch` with rank `src`'s tensor leaves on every rank (each rank's leaf gives the
 /// shape and dtype to receive into).
-template <StrategyPolicy S, class B>
+template <Collectives S, class B>
 B broadcast(S& s, const B& batch, int src) {
   return detail::on_copies(batch, [&](at::Tensor& c) { s.broadcast(c, src); });
 }

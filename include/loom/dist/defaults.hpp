@@ -76,6 +76,12 @@ struct Defaults {
     broadcast_source(src);
     return value;
   }
+  /// A step every process takes (a write, a read): `failure` is this process's reason (empty:
+  /// it did not fail). Every process throws the same loom::Error, "WHAT failed on rank R:
+  /// REASON" for the lowest rank R that failed, or none does. One process: its own failure.
+  void agree(const std::string& failure, const std::string& what) {
+    if (!failure.empty()) throw Error(what + " failed on rank 0: " + failure);
+  }
 
   /// Runs `step`, the precision's optimizer step of `optimizers`, and returns what it returns.
   /// A strategy that changes what an optimizer sees (loom::Zero: each rank steps its shard)

@@ -1,10 +1,11 @@
 #pragma once
-// loom::dist::ProcessGroup: the one owner of a run's rendezvous store, c10d process group and
-// every collective loom issues on it, with the timeout and the failure wording. loom::Ddp and
-// loom::Zero hold one; a strategy of a user's holds one too and derives from
-// dist::GroupDefaults (below) for its ranks and collectives. Declarations only: the
-// definitions are the compiled library loom::dist (src/dist/process_group.cpp), so c10d stays
-// out of the translation units that include this header.
+// loom::dist::ProcessGroup: the one owner of a run's rendezvous store and c10d process group,
+// and of the collectives on it with their timeout and failure wording (Ddp's reducer and its
+// setup checks run c10d's own on the same group). loom::Ddp and loom::Zero hold one; a
+// strategy of a user's holds one too and derives from dist::GroupDefaults (below) for its
+// ranks and collectives. Declarations only: the definitions are the compiled library
+// loom::dist (src/dist/process_group.cpp, rendezvous.cpp), so c10d stays out of the
+// translation units that include this header.
 #include <chrono>
 #include <exception>
 #include <filesystem>
@@ -20,6 +21,7 @@
 
 #include <loom/checkpoint/checkpoint_io.hpp>
 #include <loom/concepts/strategy.hpp>
+#include <loom/detail/agree_on_failure.hpp>
 #include <loom/dist/defaults.hpp>
 #include <loom/error.hpp>
 #include <loom/state/state_dict.hpp>
@@ -154,7 +156,7 @@ class ProcessGroup {
   void teardown();
 
   /// The store, the c10d group and the device, for the loom::dist library's strategies
-  /// (src/dist/process_group.hpp): an incomplete type elsewhere.
+  /// (src/dist/group_state.hpp): an incomplete type elsewhere.
   detail::GroupState& state() { return *state_; }
   const detail::GroupState& state() const { return *state_; }
 
@@ -185,6 +187,10 @@ struct GroupDefaults : Defaults<Self> {
     group().connect(device, backend);
   }
 
+  /// Uneven inputs need a strategy's own support (Ddp::join shadows its reducer's
+  /// collectives): across processes, Defaults' join (a no-op) would leave ranks waiting.
+  void join() = delete;
+
   int rank() const { return group().rank(); }
   int world_size() const { return group().world_size(); }
   int local_rank() const { return group().local_rank(); }
@@ -204,6 +210,7 @@ struct GroupDefaults : Defaults<Self> {
   StateDict broadcast_object(const StateDict& value, int src) {
     return group().broadcast_object(value, src);
   }
+  void agree(const std::string& failure, const std::string& what) { group().agree(failure, what); }
 
   /// rt.save: rank 0 writes through `io`; every rank returns once the file is written, and a
   /// failed write is a loom::Error on every rank (rank 0's message there, elsewhere one naming
@@ -212,19 +219,14 @@ struct GroupDefaults : Defaults<Self> {
                        const checkpoint::CheckpointIO& io) {
     ProcessGroup& g = group();
     g.require_connected("save_checkpoint");
-    std::string failure;
-    if (g.rank() == 0) {
-      try {
-        io.save(path, value);
-      } catch (const std::exception& ex) {
-        failure = *ex.what() ? ex.what() : "an error with no message";
-      }
+    if (!g.connected()) {  // one process: its own error
+      const std::string failure = loom::detail::failure_of([&] { io.save(path, value); });
+      if (!failure.empty()) throw Error(failure);
+      return;
     }
-    if (g.connected()) {
-      g.agree(failure, "loom::save: writing " + path.string());
-    } else if (!failure.empty()) {
-      throw Error(failure);
-    }
+    loom::detail::agree_on(g, "loom::save: writing " + path.string(), [&] {
+      if (g.rank() == 0) io.save(path, value);
+    });
   }
 
   void teardown() { group().teardown(); }

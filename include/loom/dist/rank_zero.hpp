@@ -5,7 +5,7 @@
 
 namespace loom::dist {
 
-/// Writes `line` and a newline to standard output on rank 0 only (any StrategyPolicy:
+/// Writes `line` and a newline to standard output on rank 0 only (any loom::Collectives:
 /// rt.strategy()), and flushes, so lines from a run of many processes come once and in time.
 template <class Strategy>
 void rank_zero_print(const Strategy& strategy, std::string_view line) {
@@ -37,13 +37,7 @@ class RankZeroFirst {
   }
 
  private:
-  void wait() {
-    if constexpr (requires { strategy_.barrier(std::string_view()); }) {
-      strategy_.barrier("rank_zero_first");
-    } else {
-      strategy_.barrier();
-    }
-  }
+  void wait() { strategy_.barrier("rank_zero_first"); }
 
   Strategy& strategy_;
   bool first_;

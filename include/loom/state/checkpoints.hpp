@@ -171,11 +171,8 @@ class Checkpoints {
     const std::int64_t step = *pending_;
     pending_.reset();
     std::exception_ptr error = writer_->wait();
-    std::string failure = error ? loom::detail::message_of(error) : std::string();
-    if (error && failure.empty()) failure = "an error with no message";
-    loom::detail::agree_on_failure(
-        rt.strategy(), rt.device().device(), failure,
-        "loom::Checkpoints: the background save of " + path(step).string());
+    rt.strategy().agree(loom::detail::failure_of(error),
+                        "loom::Checkpoints: the background save of " + path(step).string());
     if (pending_writer_) finish(step);
   }
 

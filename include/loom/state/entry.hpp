@@ -191,7 +191,4 @@ class StateEntry {
   std::function<void(const c10::IValue&, const LoadOptions&)> load_;
 };
 
-/// Names to the objects rt.save writes and rt.load restores; see the top of this file.
-using State = std::vector<StateEntry>;
-
 }  // namespace loom

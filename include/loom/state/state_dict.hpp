@@ -1,9 +1,11 @@
 #pragma once
 // The two dict types of loom's state (docs/checkpoints.md, "Which dict a component returns"):
 // StateDict, a Checkpointable's flat names-to-values map, and state::Dict, a dict in Python's
-// layout (nested, any keys, insertion order).
+// layout (nested, any keys, insertion order); and State, the list of named entries rt.save
+// writes.
 #include <map>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
@@ -16,6 +18,12 @@ namespace loom {
 /// The values are `c10::IValue`s, so a StateDict can be saved with `torch::pickle_save` once
 /// turned into a `c10::Dict`, or written key by key into a `torch::serialize::OutputArchive`.
 using StateDict = std::map<std::string, c10::IValue>;
+
+class StateEntry;  // state/entry.hpp
+
+/// Names to the objects rt.save writes and rt.load restores: each a StateEntry, complete in
+/// state/entry.hpp (which state/checkpoint.hpp includes).
+using State = std::vector<StateEntry>;
 
 namespace state {
 

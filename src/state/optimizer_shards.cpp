@@ -1,0 +1,58 @@
+// Optimizer entries cut into per-rank states and merged back (optimizer_shards.hpp).
+#include "optimizer_shards.hpp"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Dict.h>
+
+namespace loom::state {
+
+bool is_optimizer_state(const c10::IValue& value) {
+  if (!value.isGenericDict()) return false;
+  const auto d = value.toGenericDict();
+  return d.size() == 2 && d.contains("state") && d.contains("param_groups");
+}
+
+Dict optimizer_states(const Dict& top) {
+  Dict out(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& item : top) {
+    if (is_optimizer_state(item.value())) {
+      out.insert(item.key(), item.value().toGenericDict().at("state"));
+    }
+  }
+  return out;
+}
+
+Dict with_optimizer_states(const Dict& top, const std::vector<c10::IValue>& parts) {
+  std::map<std::string, std::map<std::int64_t, c10::IValue>> merged;
+  for (const auto& part : parts) {
+    for (const auto& entry : part.toGenericDict()) {
+      auto& states = merged[entry.key().toStringRef()];
+      for (const auto& e : entry.value().toGenericDict()) {
+        states.insert_or_assign(e.key().toInt(), e.value());
+      }
+    }
+  }
+  auto whole = top.copy();
+  for (auto& [name, states] : merged) {
+    auto entry = top.at(name).toGenericDict().copy();
+    c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
+    for (auto& [id, v] : states) state.insert(id, v);
+    entry.insert_or_assign("state", state);
+    whole.insert_or_assign(name, entry);
+  }
+  return whole;
+}
+
+std::optional<Dict> optimizer_state_of(const Dict& top, const std::string& name) {
+  if (!top.contains(name) || !top.at(name).isGenericDict()) return std::nullopt;
+  const auto entry = top.at(name).toGenericDict();
+  if (!entry.contains("state") || !entry.at("state").isGenericDict()) return std::nullopt;
+  return entry.at("state").toGenericDict();
+}
+
+}  // namespace loom::state
