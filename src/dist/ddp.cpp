@@ -270,7 +270,7 @@ void broadcast_module_state(detail::DdpState& s, torch::nn::Module& module, int 
     if (s.options.broadcast_buffers) {
       for (const auto& b : module.buffers(true)) states.push_back(b.detach());
     }
-    c10d::broadcast_coalesced(s.g.group, states, broadcast_bucket_bytes, src);
+    detail::broadcast_coalesced(s.g, states, broadcast_bucket_bytes, src);
   } catch (...) {
     detail::throw_failure(s.g,
                           "broadcasting rank " + std::to_string(src) + "'s parameters and buffers",
@@ -281,10 +281,7 @@ void broadcast_module_state(detail::DdpState& s, torch::nn::Module& module, int 
 /// Python's _find_common_rank: the largest rank for which `candidate` holds.
 int find_common_rank(detail::DdpState& s, bool candidate) {
   at::Tensor rank = detail::flag(s.g, candidate ? s.g.env.rank : -1, at::kLong);
-  std::vector<at::Tensor> tensors{rank};
-  c10d::AllreduceOptions o;
-  o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::MAX);
-  s.g.group->allreduce(tensors, o)->wait();
+  detail::all_reduce(s.g, rank, ReduceOp::Max).wait();
   const auto r = rank.cpu().item<std::int64_t>();
   if (r < 0) throw Error("loom::Ddp::join: no rank qualified to hold the authoritative copy");
   return static_cast<int>(r);
@@ -296,7 +293,7 @@ void broadcast_buffers_from(detail::DdpState& s, int src) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> detached;
   for (auto& b : buffers) detached.push_back(b.detach());
-  c10d::broadcast_coalesced(s.g.group, detached, broadcast_bucket_bytes, src);
+  detail::broadcast_coalesced(s.g, detached, broadcast_bucket_bytes, src);
 }
 
 /// Python's _check_sync_bufs_pre_fwd.
@@ -337,8 +334,8 @@ void Ddp::pre_forward() {
     if (at::GradMode::is_enabled() && s.sync) s.reducer->prepare_for_forward();
     if (s.joining) {
       // Join.notify_join_context: this rank has not joined (the joined ones add zeros).
-      std::vector<at::Tensor> ones{detail::flag(s.g, 1)};
-      s.reducer->set_forward_pass_work_handle(s.g.group->allreduce(ones),
+      at::Tensor ones = detail::flag(s.g, 1);
+      s.reducer->set_forward_pass_work_handle(detail::all_reduce(s.g, ones, ReduceOp::Sum).get(),
                                               s.join_options.divide_by_initial_world_size);
       if (s.join_options.throw_on_early_termination) {
         at::Tensor joined = detail::flag(s.g, 0);

@@ -59,8 +59,8 @@ void Ddp::join_main_hook() {
     if (f->hasError()) f->value();  // rethrows the hook's error
   }
   if (s.options.find_unused_parameters) {
-    std::vector<at::Tensor> used{s.reducer->get_local_used_map_on_device()};
-    s.g.group->allreduce(used)->wait();
+    at::Tensor used = s.reducer->get_local_used_map_on_device();
+    detail::all_reduce(s.g, used, ReduceOp::Sum).wait();
   }
   s.reducer->push_rebuilt_params_for_all_indices();
 }
