@@ -58,9 +58,6 @@ void require_group(const GroupState& s, std::string_view what);
 /// A one-element tensor on the group's device.
 at::Tensor flag(const GroupState& s, double value, at::ScalarType dtype = at::kFloat);
 
-/// A sum all-reduce of `t`, waited for unless `wait` is false (then c10d keeps the work).
-void sum_all_reduce(GroupState& s, at::Tensor& t, bool wait = true);
-
 // rendezvous.cpp
 
 /// Refuses a second connect, a failed group and a backend loom cannot connect; records the

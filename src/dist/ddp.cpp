@@ -339,7 +339,7 @@ void Ddp::pre_forward() {
                                               s.join_options.divide_by_initial_world_size);
       if (s.join_options.throw_on_early_termination) {
         at::Tensor joined = detail::flag(s.g, 0);
-        detail::sum_all_reduce(s.g, joined);
+        detail::all_reduce(s.g, joined, ReduceOp::Sum).wait();
         others_joined = joined.cpu().item<float>() != 0;
       }
     }
@@ -352,7 +352,7 @@ void Ddp::pre_forward() {
       if (s.joining) {
         // Tells the joined ranks whether this iteration's backward synchronizes.
         at::Tensor sync = detail::flag(s.g, s.sync ? 1 : 0);
-        detail::sum_all_reduce(s.g, sync, /*wait=*/false);
+        (void)detail::all_reduce(s.g, sync, ReduceOp::Sum);  // c10d keeps the work
       }
     }
   } catch (...) {

@@ -64,7 +64,6 @@ class Work {
   void wait() { work_->wait(); }
   void wait(std::chrono::milliseconds timeout) { work_->wait(timeout); }
   bool completed() const { return work_->isCompleted(); }
-  bool defined() const { return static_cast<bool>(work_); }
   void reset() { work_.reset(); }
   const c10::intrusive_ptr<c10d::Work>& get() const { return work_; }
 

@@ -46,7 +46,7 @@ void Ddp::join_main_hook() {
   if (detail::syncs_buffers_before_forward(s))
     detail::broadcast_buffers_from(s, detail::find_common_rank(s, false));
   at::Tensor sync = detail::flag(s.g, 0);
-  detail::sum_all_reduce(s.g, sync);
+  detail::all_reduce(s.g, sync, ReduceOp::Sum).wait();
   const bool should_sync = sync.cpu().item<float>() != 0;
   s.forward_param_sync = should_sync;
   if (!should_sync) return;
@@ -72,11 +72,11 @@ void Ddp::finish_join() {
     for (;;) {
       // Python's Join.__exit__: shadow the notification all-reduce of the ranks still in.
       at::Tensor still_in = detail::flag(s.g, 0);
-      detail::sum_all_reduce(s.g, still_in);
+      detail::all_reduce(s.g, still_in, ReduceOp::Sum).wait();
       if (still_in.cpu().item<float>() == 0) break;
       if (s.join_options.throw_on_early_termination) {
         at::Tensor ones = detail::flag(s.g, 1);
-        detail::sum_all_reduce(s.g, ones);
+        detail::all_reduce(s.g, ones, ReduceOp::Sum).wait();
         s.joining = false;
         throw Error(s.g.name + "::join: rank " + std::to_string(s.g.env.rank) +
                     " has run out of inputs before the others "

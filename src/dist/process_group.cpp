@@ -137,11 +137,6 @@ at::Tensor flag(const detail::GroupState& s, double value, at::ScalarType dtype)
 }
 
 /// A sum all-reduce of `t`, waited for unless `wait` is false (then c10d keeps the work).
-void sum_all_reduce(detail::GroupState& s, at::Tensor& t, bool wait) {
-  Work work = all_reduce(s, t, ReduceOp::Sum);
-  if (wait) work.wait();
-}
-
 Work all_reduce(GroupState& s, at::Tensor& t, ReduceOp op) {
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions o;
