@@ -392,8 +392,8 @@ def main():
         w("")
         core = ct.get("core_once_per_build") or {}
         if core:
-            w("loom's compiled core (`src/core/`, built into `loom::loom`: the non-template code "
-              "of fp8, the GradScaler and the optimizer table) is compiled once per build with "
+            w("loom's compiled core (built into `loom::loom`: the non-template code "
+              "of fp8, the GradScaler, the optimizer table and gradient clipping) is compiled once per build with "
               "the same flags, not in every training TU, and is not in the ratio:")
             w("")
             w("| compiled once | GGC MiB (-ftime-report) | CPU s (user+sys) | wall s |")

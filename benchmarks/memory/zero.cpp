@@ -126,8 +126,8 @@ int main(int argc, char** argv) {
     o.bucket_bytes = static_cast<std::size_t>(std::stoi(flag(argc, argv, "--bucket-mib", "4")))
                      << 20;
     const std::string collective = flag(argc, argv, "--collective", "automatic");
-    if (collective == "reduce") o.gradient_collective = loom::ZeroCollective::reduce;
-    if (collective == "all_reduce") o.gradient_collective = loom::ZeroCollective::all_reduce;
+    if (collective == "reduce") o.gradient_collective = loom::ZeroCollective::Reduce;
+    if (collective == "all_reduce") o.gradient_collective = loom::ZeroCollective::AllReduce;
     if (strategy == "zero1" || strategy == "zero2") {
       o.stage = strategy == "zero1" ? 1 : 2;
       return run(loom::Zero(o), strategy, argc, argv);

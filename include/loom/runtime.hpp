@@ -1,6 +1,7 @@
 #pragma once
-// loom::Runtime<Device, Precision, Strategy>: the order of a training step's hooks, nothing
-// else. This table and the one in docs/architecture.md are the same; change both together.
+// loom::Runtime<Device, Precision, Strategy>: the order of a training step's hooks; beyond it
+// only hand-offs (rt.save / rt.load to state/checkpoint.hpp, rt.log to the loggers added). This
+// table and the one in docs/architecture.md are the same; change both together.
 //
 //   build     p.bind_device(d.device())                  fp8-mixed: fp8 GPU     precision/
 //   setup     d.prepare -> p.convert_module -> d.module_to_device

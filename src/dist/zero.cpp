@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <map>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -28,6 +27,7 @@
 #include <loom/checkpoint/shards.hpp>
 #include <loom/detail/clip_grad.hpp>
 #include <loom/detail/precision_defaults.hpp>
+#include <loom/detail/tensor_groups.hpp>
 #include <loom/error.hpp>
 #include <loom/optim/optimizer_table.hpp>
 
@@ -163,8 +163,8 @@ void Zero::setup(torch::nn::Module& module, c10::Device device, std::string_view
     z.rank = rank();
     z.share = 1.0 / static_cast<double>(world_size());
     z.all_reduce =
-        options_.gradient_collective == ZeroCollective::all_reduce ||
-        (options_.gradient_collective == ZeroCollective::automatic && ddp_.backend() == "gloo");
+        options_.gradient_collective == ZeroCollective::AllReduce ||
+        (options_.gradient_collective == ZeroCollective::Automatic && ddp_.backend() == "gloo");
     build_buckets(z, world_size(), options_.bucket_bytes);
   }
 }
@@ -243,16 +243,18 @@ void Zero::before_step(Optimizers optimizers) {
   if (stage() == 1 || !process_group().connected()) return;
   auto& group = process_group().state();
   // Stage 2: every rank's scaler must see an inf that any shard holds.
-  std::map<at::ScalarType, std::vector<at::Tensor>> grads;
+  std::vector<at::Tensor> grads;
   for (auto& p : z.shards[static_cast<std::size_t>(rank())]) {
-    if (p.grad().defined()) grads[p.grad().scalar_type()].push_back(p.grad());
+    if (p.grad().defined()) grads.push_back(p.grad());
   }
+  // The flag is a maximum of 0s and 1s: the groups' order changes nothing.
+  const auto groups = loom::detail::group_by_device_and_dtype({grads});
   try {
     at::NoGradGuard no_grad;
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(group.device);
     at::Tensor found = at::zeros({1}, f32);
-    for (auto& [type, list] : grads) {
-      (void)type;
+    for (const auto& part : groups) {
+      const auto& list = part.lists[0];
       if (!list.front().is_floating_point()) continue;
       // Extremes of each gradient (read only): inf or nan where one is not finite. On the
       // CPU each tensor's aminmax (one vectorized pass; the inf-norm's CPU kernel is ten
@@ -276,8 +278,14 @@ void Zero::before_step(Optimizers optimizers) {
                                      .reshape({1}));
     }
     detail::all_reduce(group, found, ReduceOp::Max).wait();
-    if (!grads.empty()) {
-      at::Tensor g = grads.begin()->second.front();
+    if (!groups.empty()) {
+      // The gradient that carries the flag, whatever the groups' order: the shard's first of
+      // the lowest-numbered dtype.
+      const auto first =
+          std::min_element(groups.begin(), groups.end(), [](const auto& a, const auto& b) {
+            return std::pair(a.dtype, a.indices.front()) < std::pair(b.dtype, b.indices.front());
+          });
+      at::Tensor g = first->lists[0].front();
       g.as_strided({1}, {1}, g.storage_offset())
           .masked_fill_(found.gt(0), std::numeric_limits<double>::quiet_NaN());
     }

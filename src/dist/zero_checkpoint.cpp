@@ -98,7 +98,7 @@ void Zero::save_checkpoint(const std::filesystem::path& path, const c10::IValue&
     ddp_.save_checkpoint(path, value, io);
     return;
   }
-  if (options_.checkpoint == ZeroCheckpoint::sharded) {
+  if (options_.checkpoint == ZeroCheckpoint::Sharded) {
     // Every rank but 0 writes its states beside the main file, then rank 0 writes the main
     // file (its own states and the index) once every shard is in place.
     auto& z = *state_;

@@ -20,7 +20,7 @@
 
 namespace fs = std::filesystem;
 
-namespace loom {
+namespace loom::loggers {
 
 namespace detail {
 
@@ -335,4 +335,4 @@ void detail::write_hparams_yaml(const fs::path& file, const Hyperparams& params)
   if (!out) throw Error("loom: cannot write " + file.string());
 }
 
-}  // namespace loom
+}  // namespace loom::loggers

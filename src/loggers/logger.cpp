@@ -11,7 +11,7 @@
 #include <loom/detail/env.hpp>
 #include <loom/error.hpp>
 
-namespace loom {
+namespace loom::loggers {
 
 namespace {
 
@@ -32,7 +32,8 @@ MetricValue::MetricValue(const at::Tensor& t) : tensor_(t) {
 }
 
 Logger::Logger(const LoggerOptions& options)
-    : rank_(detail::env_rank(options.rank, "loom::Logger")), flush_every_(options.flush_every) {
+    : rank_(loom::detail::env_rank(options.rank, "loom::Logger")),
+      flush_every_(options.flush_every) {
   if (flush_every_ < 1) {
     throw Error("loom::Logger: flush_every must be at least 1, got " +
                 std::to_string(flush_every_));
@@ -147,4 +148,4 @@ void Loggers::flush() {
   for (auto& l : loggers_) l->flush();
 }
 
-}  // namespace loom
+}  // namespace loom::loggers

@@ -15,7 +15,7 @@
 
 #include <loom/error.hpp>
 
-namespace loom {
+namespace loom::loggers {
 
 namespace {
 
@@ -126,4 +126,4 @@ Metrics MemoryMonitor::report() const {
   return m;
 }
 
-}  // namespace loom
+}  // namespace loom::loggers

@@ -18,7 +18,7 @@
 
 namespace fs = std::filesystem;
 
-namespace loom {
+namespace loom::loggers {
 
 namespace detail {
 
@@ -145,4 +145,4 @@ void TensorBoardLogger::sync_file() {
   }
 }
 
-}  // namespace loom
+}  // namespace loom::loggers

@@ -238,7 +238,7 @@ int main(int argc, char** argv) {
         zero.stage = 1;
       } else if (strategy == "zero2" || strategy == "zero2_sharded") {
         zero.stage = 2;
-        if (strategy == "zero2_sharded") zero.checkpoint = loom::ZeroCheckpoint::sharded;
+        if (strategy == "zero2_sharded") zero.checkpoint = loom::ZeroCheckpoint::Sharded;
       } else {
         throw loom::Error(
             "loom_resume: strategy is ddp, zero1, zero2, zero2_sharded or gradient_average, not '" +

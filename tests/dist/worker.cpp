@@ -816,7 +816,7 @@ int run_parity() {
 /// StepLR: halved every 6 steps, not after a resume) under Ddp (stage=0) or Zero (stage=1, 2).
 /// Step i takes rows [8i, 8i + 8) of x.bin, each rank its contiguous part; `accumulate`
 /// micro-batches; `clip` > 0 clips the norm; `load` resumes from a checkpoint at step `start`;
-/// `save_at` writes one to `save` (`sharded=1`: ZeroCheckpoint::sharded). Writes
+/// `save_at` writes one to `save` (`sharded=1`: ZeroCheckpoint::Sharded). Writes
 /// <tag>_rank<r>.bin (the final parameters), .scaler, and with `clip` .norms: the GradNorm
 /// rt.clip_gradients returned at each step (its value(), 17 significant digits, one a line).
 template <class P, class S>
@@ -926,11 +926,11 @@ int run_zero_precision() {
   loom::ZeroOptions o;
   o.stage = stage;
   o.bucket_bytes = static_cast<std::size_t>(iarg("bucket_bytes", 4 << 20));
-  if (iarg("sharded", 0) != 0) o.checkpoint = loom::ZeroCheckpoint::sharded;
+  if (iarg("sharded", 0) != 0) o.checkpoint = loom::ZeroCheckpoint::Sharded;
   if (const auto c = arg("collective", "automatic"); c == "reduce") {
-    o.gradient_collective = loom::ZeroCollective::reduce;
+    o.gradient_collective = loom::ZeroCollective::Reduce;
   } else if (c == "all_reduce") {
-    o.gradient_collective = loom::ZeroCollective::all_reduce;
+    o.gradient_collective = loom::ZeroCollective::AllReduce;
   }
   return run_zero_with<P>(loom::Zero(o));
 }

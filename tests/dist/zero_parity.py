@@ -31,7 +31,7 @@ AdamW(fused=True).load_state_dict continues it 10 steps on the whole batches, an
 Zero on 1 process must match bit for bit; resumed on 2 ranks, Zero stage 1 and stage 2 must
 equal Ddp resumed from the same file.
 
-Then the same run saved with ZeroCheckpoint::sharded (a main file with rank 0's states and an
+Then the same run saved with ZeroCheckpoint::Sharded (a main file with rank 0's states and an
 index, one file per other rank): Python's consolidation (torch.load and dict.update) gives the
 consolidated file bit for bit; resumed on 1 process, on 2 ranks (Ddp, stage 1, stage 2) and on
 4 (stage 2: each rank reads only its own shard) it continues as the consolidated file does;
@@ -380,7 +380,7 @@ def same_values(a, b):
 
 
 def sharded_checkpoints(worker, d, common, consolidated, ddp_final):
-    """ZeroCheckpoint::sharded: the 4-rank stage-2 run at step 10, one file per rank."""
+    """ZeroCheckpoint::Sharded: the 4-rank stage-2 run at step 10, one file per rank."""
     ckpt = d / "zero4s.pt"
     stale = d / "zero4s.00000000deadbeef.shard-1-of-4.pt"  # a save that did not finish
     stale.write_bytes(b"an older save's shard")

@@ -209,12 +209,6 @@ class GradScaler {
   // the optimizer unless unscale_ already ran; no host sync anywhere.
   StepResult step_fused(torch::optim::Optimizer& optimizer, const optim::OptimizerInfo& info);
 
-  // `master` on `device`, moved on first request (torch's _MultiDeviceReplicator). Replicas
-  // are only read, so on master's own device it is master itself: no copy on the usual
-  // single-device step.
-  static const at::Tensor& replica(std::vector<std::pair<c10::Device, at::Tensor>>& cache,
-                                   const at::Tensor& master, const c10::Device& device);
-
   void lazy_init(const c10::Device& device);
 
   void require_scale(const char* where) const;

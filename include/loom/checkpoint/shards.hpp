@@ -1,6 +1,6 @@
 #pragma once
 // Sharded checkpoints: a main file plus one file per other rank holding that rank's optimizer
-// states (loom::Zero with ZeroCheckpoint::sharded writes them). The main file is a whole
+// states (loom::Zero with ZeroCheckpoint::Sharded writes them). The main file is a whole
 // checkpoint except that each optimizer entry's "state" holds rank 0's parameters only, and
 // that a top-level entry, the index, names the other ranks' files:
 //

@@ -1,6 +1,6 @@
 #pragma once
 // Gradient clipping by total norm on the device, Python's `clip_grad_norm_(foreach=True)`
-// arithmetic without a host sync (src/core/clip_grad.cpp): the precisions' clip and
+// arithmetic without a host sync (src/detail/clip_grad.cpp): the precisions' clip and
 // loom::Zero's sharded one.
 #include <vector>
 
@@ -23,7 +23,7 @@ void clip_grads_with_norm(const std::vector<at::Tensor>& grads, double max_norm,
                           const at::Tensor& total);
 
 /// Python's `clip_grad_norm_(params, max_norm, norm_type, foreach=True)` without a host sync:
-/// returns the total norm before clipping as a 0-dim tensor (src/core/clip_grad.cpp).
+/// returns the total norm before clipping as a 0-dim tensor (src/detail/clip_grad.cpp).
 at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, double norm_type);
 
 }  // namespace loom::detail

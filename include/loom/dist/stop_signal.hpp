@@ -15,7 +15,7 @@
 #include <loom/concepts/strategy.hpp>
 #include <loom/error.hpp>
 
-namespace loom {
+namespace loom::dist {
 
 /// StopSignal's settings.
 struct StopSignalOptions {
@@ -130,4 +130,10 @@ class StopSignal {
 static_assert(std::atomic<int>::is_always_lock_free,
               "loom::StopSignal's handler stores into a lock-free atomic");
 
+}  // namespace loom::dist
+
+// In loom::, where users write them.
+namespace loom {
+using dist::StopSignal;
+using dist::StopSignalOptions;
 }  // namespace loom

@@ -37,23 +37,23 @@ namespace loom::dist {
 enum class ZeroCheckpoint {
   /// Every rank's shard gathered on rank 0, which writes one file in Python's
   /// `optimizer.state_dict()` layout (stock torch.load and load_state_dict take it).
-  consolidated,
+  Consolidated,
   /// Each rank writes its own shard: rank 0 the main file (everything but the other ranks'
   /// optimizer states, plus an index), every other rank one file beside it
   /// (checkpoint/shards.hpp). No rank ever holds more than its shard; a run with the same
   /// partition reads back its own file only.
-  sharded,
+  Sharded,
 };
 
 /// Which collective sums stage 2's gradient buckets (ZeroOptions::gradient_collective).
 enum class ZeroCollective {
   /// `reduce` to the bucket's owner on NCCL; `all_reduce` on gloo, whose reduce is slower than
   /// its all-reduce (docs/memory.md has the figures).
-  automatic,
+  Automatic,
   /// ProcessGroup::reduce to the owner: the least traffic.
-  reduce,
+  Reduce,
   /// ProcessGroup::allreduce, then the ranks that do not own the bucket drop it.
-  all_reduce,
+  AllReduce,
 };
 
 /// Zero's settings.
@@ -70,9 +70,9 @@ struct ZeroOptions {
   /// coalesced buckets after each step (parameters of an eighth of it or more go alone).
   std::size_t bucket_bytes = std::size_t{4} << 20;
   /// One consolidated file (the default) or one file per rank.
-  ZeroCheckpoint checkpoint = ZeroCheckpoint::consolidated;
+  ZeroCheckpoint checkpoint = ZeroCheckpoint::Consolidated;
   /// Stage 2: how each bucket of gradients is summed on its owner.
-  ZeroCollective gradient_collective = ZeroCollective::automatic;
+  ZeroCollective gradient_collective = ZeroCollective::Automatic;
 };
 
 /// Bytes one rank holds, by kind (Zero::memory()).
@@ -109,7 +109,7 @@ struct ZeroState;
 ///
 /// rt.save consolidates by default: each rank's optimizer state (its shard's parameters) goes
 /// to rank 0, which writes the optimizer entries in Python's `optimizer.state_dict()` layout,
-/// whole. With ZeroCheckpoint::sharded each rank writes its shard to a file of its own beside
+/// whole. With ZeroCheckpoint::Sharded each rank writes its shard to a file of its own beside
 /// rank 0's main file. rt.load reads either form on every rank (of a sharded one, only its own
 /// shard when the partition is the one that saved); each rank drops the state of other shards
 /// at its next step, so a checkpoint from any world size (or from Ddp, or one process) resumes

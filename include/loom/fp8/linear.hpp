@@ -4,7 +4,7 @@
 // gradient, never e5m2 x e5m2. Under tensor-wise and delayed scales each operand is cast
 // once and its fp8 bytes transposed for the backward products; under row-wise scales the
 // input and the weight are kept in their own dtypes for the backward pass and cast again
-// there, along the dimension each product contracts (the autograd function in src/core/fp8.cpp).
+// there, along the dimension each product contracts (the autograd function in src/fp8/fp8.cpp).
 //
 //   forward   y  = x  @ W^T     (m, k) x (n, k)^T   out bf16, fast accumulation
 //   backward  dx = dy @ W       (m, n) x (k, n)^T   out bf16

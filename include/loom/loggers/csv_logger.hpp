@@ -8,7 +8,7 @@
 
 #include <loom/loggers/logger.hpp>
 
-namespace loom {
+namespace loom::loggers {
 
 /// Where a logger writes and how often: Lightning's logger arguments.
 struct LogDirOptions {
@@ -77,4 +77,10 @@ void write_hparams_yaml(const std::filesystem::path& file, const Hyperparams& pa
 std::string python_repr(double v);
 }  // namespace detail
 
+}  // namespace loom::loggers
+
+// The loggers' names in loom::, where users write them.
+namespace loom {
+using loggers::CsvLogger;
+using loggers::LogDirOptions;
 }  // namespace loom

@@ -14,7 +14,7 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace loom {
+namespace loom::loggers {
 
 /// A metric's value: a number on the host, or a one-element tensor on any device, copied
 /// when logged (no sync) and read to the host when the logger flushes.
@@ -150,4 +150,14 @@ class Loggers {
   std::vector<std::shared_ptr<Logger>> loggers_;
 };
 
+}  // namespace loom::loggers
+
+// The loggers' names in loom::, where users write them.
+namespace loom {
+using loggers::Hyperparams;
+using loggers::HyperValue;
+using loggers::Logger;
+using loggers::LoggerOptions;
+using loggers::Loggers;
+using loggers::MetricValue;
 }  // namespace loom

@@ -12,7 +12,7 @@
 
 #include <loom/loggers/logger.hpp>
 
-namespace loom {
+namespace loom::loggers {
 
 /// Metrics by name, for rt.log_dict or a logger's log_dict.
 using Metrics = std::vector<std::pair<std::string, MetricValue>>;
@@ -74,4 +74,12 @@ class MemoryMonitor {
   std::optional<c10::Device> device_;
 };
 
+}  // namespace loom::loggers
+
+// The loggers' names in loom::, where users write them.
+namespace loom {
+using loggers::MemoryMonitor;
+using loggers::Metrics;
+using loggers::SpeedMonitor;
+using loggers::SpeedMonitorOptions;
 }  // namespace loom

@@ -31,7 +31,7 @@
 
 #include <loom/detail/env.hpp>
 
-namespace loom {
+namespace loom::loggers {
 
 /// Where and by whom a ProgressBar prints.
 struct ProgressBarOptions {
@@ -55,7 +55,7 @@ class ProgressBar {
         label_(std::move(label)),
         out_(options.out),
         tty_(isatty(fileno(options.out)) != 0),
-        quiet_(detail::env_rank(options.rank, "loom::ProgressBar") != 0),
+        quiet_(loom::detail::env_rank(options.rank, "loom::ProgressBar") != 0),
         start_(Clock::now()),
         last_line_(start_),
         initial_(std::max<int64_t>(options.initial, 0)),
@@ -215,4 +215,10 @@ class ProgressBar {
   bool finished_ = false;
 };
 
+}  // namespace loom::loggers
+
+// The loggers' names in loom::, where users write them.
+namespace loom {
+using loggers::ProgressBar;
+using loggers::ProgressBarOptions;
 }  // namespace loom

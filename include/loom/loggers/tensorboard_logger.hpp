@@ -11,7 +11,7 @@
 #include <loom/loggers/csv_logger.hpp>
 #include <loom/loggers/logger.hpp>
 
-namespace loom {
+namespace loom::loggers {
 
 /// Scalars as a TensorBoard event file in `ROOT/NAME/version_N` (Lightning's TensorBoardLogger
 /// layout), the records torch.utils.tensorboard's `SummaryWriter.add_scalar` writes: an
@@ -58,4 +58,9 @@ namespace detail {
 uint32_t masked_crc32c(const void* data, std::size_t size);
 }  // namespace detail
 
+}  // namespace loom::loggers
+
+// The loggers' names in loom::, where users write them.
+namespace loom {
+using loggers::TensorBoardLogger;
 }  // namespace loom

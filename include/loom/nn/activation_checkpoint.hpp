@@ -33,7 +33,7 @@
 #include <loom/device/rng.hpp>
 #include <loom/error.hpp>
 
-namespace loom {
+namespace loom::nn {
 
 namespace detail {
 
@@ -92,10 +92,10 @@ struct RecomputeNode : torch::autograd::Function<RecomputeNode> {
         break;
       }
     }
-    s.cpu_autocast = detail::autocast_enabled(c10::kCPU);
-    s.cpu_dtype = detail::autocast_dtype(c10::kCPU);
-    s.cuda_autocast = detail::autocast_enabled(c10::kCUDA);
-    s.cuda_dtype = detail::autocast_dtype(c10::kCUDA);
+    s.cpu_autocast = loom::detail::autocast_enabled(c10::kCPU);
+    s.cpu_dtype = loom::detail::autocast_dtype(c10::kCPU);
+    s.cuda_autocast = loom::detail::autocast_enabled(c10::kCUDA);
+    s.cuda_dtype = loom::detail::autocast_dtype(c10::kCUDA);
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
     ctx->save_for_backward(tensors.vec());
     const std::vector<at::Tensor> inputs(tensors.begin(),
@@ -222,4 +222,10 @@ inline at::Tensor checkpoint_sequential(torch::nn::Sequential& seq, int64_t segm
   return run(end + 1, n - 1)(x);
 }
 
+}  // namespace loom::nn
+
+// In loom::, where users write them.
+namespace loom {
+using nn::activation_checkpoint;
+using nn::checkpoint_sequential;
 }  // namespace loom

@@ -21,6 +21,7 @@
 #include <c10/core/ScalarType.h>
 #include <torch/optim/optimizer.h>
 
+#include <loom/detail/tensor_groups.hpp>
 #include <loom/error.hpp>
 
 namespace loom::optim {
@@ -48,8 +49,8 @@ class FusedOptimizer : public torch::optim::Optimizer {
         throw Error("loom::optim: set_amp takes defined f32 one-element tensors");
       }
     }
-    grad_scale_ = std::move(grad_scale);
-    found_inf_ = std::move(found_inf);
+    grad_scale_ = loom::detail::DeviceReplicas(grad_scale.value_or(at::Tensor()));
+    found_inf_ = loom::detail::DeviceReplicas(found_inf.value_or(at::Tensor()));
   }
 
   /// Adds a param group; its options, when it has them, are used whole (as given), and
@@ -61,7 +62,7 @@ class FusedOptimizer : public torch::optim::Optimizer {
   }
 
   /// Whether set_amp has given the next step a found_inf flag.
-  bool has_found_inf() const noexcept { return found_inf_.has_value(); }
+  bool has_found_inf() const noexcept { return found_inf_.master().defined(); }
 
   /// Python's `capturable` learning rate (`torch.optim.AdamW(..., lr=torch.tensor(...))`):
   /// with `on`, every step hands each param group's lr to the fused kernel as a one-element
@@ -120,13 +121,14 @@ class FusedOptimizer : public torch::optim::Optimizer {
     std::vector<at::Tensor> params, grads;
   };
 
-  /// The parameters with a gradient of `params`, in order, split by (device, dtype) in
-  /// first-seen order (as Python's _group_tensors_by_device_and_dtype). `who` names the
-  /// optimizer in errors: a sparse gradient, or one whose dtype differs from its parameter's.
+  /// The parameters with a gradient of `params` split by (device, dtype) as Python's
+  /// _group_tensors_by_device_and_dtype splits them (detail/tensor_groups.hpp: ATen's map
+  /// order, each bucket in the given order). Buckets hold disjoint parameters, so their order
+  /// changes no value. `who` names the optimizer in errors: a sparse gradient, or one whose
+  /// dtype differs from its parameter's.
   static std::vector<Bucket> buckets(const std::vector<at::Tensor>& params, const char* who) {
-    std::vector<Bucket> out;
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      const auto& p = params[i];
+    std::vector<at::Tensor> with_grad, grads;
+    for (const auto& p : params) {
       const auto& g = p.grad();
       if (!g.defined()) continue;
       if (g.is_sparse()) {
@@ -147,16 +149,12 @@ class FusedOptimizer : public torch::optim::Optimizer {
                     "point parameters, got " +
                     c10::toString(p.scalar_type()));
       }
-      Bucket* b = nullptr;
-      for (auto& existing : out) {
-        if (existing.device == p.device() && existing.dtype == p.scalar_type()) b = &existing;
-      }
-      if (b == nullptr) {
-        out.push_back(Bucket{p.device(), p.scalar_type(), {}, {}});
-        b = &out.back();
-      }
-      b->params.push_back(p);
-      b->grads.push_back(g);
+      with_grad.push_back(p);
+      grads.push_back(g);
+    }
+    std::vector<Bucket> out;
+    for (auto& g : loom::detail::group_by_device_and_dtype({with_grad, grads})) {
+      out.push_back(Bucket{g.device, g.dtype, std::move(g.lists[0]), std::move(g.lists[1])});
     }
     return out;
   }
@@ -196,25 +194,17 @@ class FusedOptimizer : public torch::optim::Optimizer {
     std::optional<at::Tensor> grad_scale, found_inf;
   };
   Amp amp_on(const c10::Device& device) {
-    auto on =
-        [&](const std::optional<at::Tensor>& t,
-            std::vector<std::pair<c10::Device, at::Tensor>>& cache) -> std::optional<at::Tensor> {
-      if (!t) return std::nullopt;
-      for (const auto& e : cache) {
-        if (e.first == device) return e.second;
-      }
-      cache.emplace_back(device, t->device() == device ? *t : t->to(device, /*non_blocking=*/true));
-      return cache.back().second;
+    auto on = [&](loom::detail::DeviceReplicas& r) -> std::optional<at::Tensor> {
+      if (!r.master().defined()) return std::nullopt;
+      return r.get(device);
     };
-    return {on(grad_scale_, scale_cache_), on(found_inf_, found_cache_)};
+    return {on(grad_scale_), on(found_inf_)};
   }
 
   /// Forgets the AMP tensors: called at the end of every step().
   void clear_amp() {
-    grad_scale_.reset();
-    found_inf_.reset();
-    scale_cache_.clear();
-    found_cache_.clear();
+    grad_scale_ = {};
+    found_inf_ = {};
   }
 
   /// The state of `p`, created by `make` on first use.
@@ -242,8 +232,7 @@ class FusedOptimizer : public torch::optim::Optimizer {
     double written;  // the lr last filled in
   };
 
-  std::optional<at::Tensor> grad_scale_, found_inf_;
-  std::vector<std::pair<c10::Device, at::Tensor>> scale_cache_, found_cache_;
+  loom::detail::DeviceReplicas grad_scale_, found_inf_;  // undefined masters: none
   bool tensor_lr_ = false;
   std::vector<LrTensor> lr_tensors_;
 };

@@ -1,10 +1,7 @@
 #pragma once
-// loom::optim learning-rate schedulers, all of them: StepLR, MultiStepLR, LinearLR,
-// ExponentialLR, PolynomialLR, LambdaLR, CosineAnnealingLR, CosineAnnealingWarmRestarts,
-// WarmupCosineLR (linear warm-up, then cosine annealing), OneCycleLR, ChainedScheduler and
-// ReduceLROnPlateau.
-// Each has its own header; their base is optim/lr_scheduler_base.hpp (docs/optim.md,
-// "Learning-rate schedulers").
+// loom::optim's learning-rate schedulers, all of them: one include per scheduler's header,
+// below (the list of schedulers is this one); their base is optim/lr_scheduler_base.hpp
+// (docs/optim.md, "Learning-rate schedulers").
 #include <loom/optim/chained_scheduler.hpp>
 #include <loom/optim/cosine_annealing_lr.hpp>
 #include <loom/optim/cosine_annealing_warm_restarts.hpp>

@@ -2,10 +2,7 @@
 // The base of loom::optim's learning-rate schedulers: LRScheduler (CRTP: the skipped-step
 // logic, state_dict), detail::PythonScheduler (the state and step of Python's LRScheduler),
 // SchedulerState (state::Dict). Their load_state_dict reads with state::Reader. Each scheduler has
-// its own header (step_lr.hpp, multi_step_lr.hpp, linear_lr.hpp, exponential_lr.hpp,
-// polynomial_lr.hpp, lambda_lr.hpp, cosine_annealing_lr.hpp, cosine_annealing_warm_restarts.hpp,
-// warmup_cosine_lr.hpp, one_cycle_lr.hpp, chained_scheduler.hpp, reduce_lr_on_plateau.hpp);
-// lr_scheduler.hpp includes them all.
+// its own header; lr_scheduler.hpp includes them all.
 //
 // Each gives the learning rates of Python's torch.optim.lr_scheduler class of the same name
 // step for step (the same double arithmetic, in the same order), has a state_dict in Python's

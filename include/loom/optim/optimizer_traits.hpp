@@ -2,6 +2,7 @@
 // loom::optim::optimizer_traits<O>: what loom knows about the optimizer type O, one row of
 // loom's optimizer table (optim/optimizer_table.hpp, docs/optim.md "Your own optimizer").
 //
+// clang-format off
 //   member                          what loom does with it                    TraitsDefaults
 //   options, param_state            the types of O's group options and of     (required)
 //                                   one parameter's state
@@ -15,8 +16,10 @@
 //   move_state(s, device)           moves every tensor of s                   (required)
 //   momentum                        which option OneCycleLR cycles            MomentumKind::None
 //   momentum_of(o)                  that option, as double&                   (required unless
-//   None) amp                             how a GradScaler steps O AmpSupport::HostCheck
+//                                                                              None)
+//   amp                             how a GradScaler steps O                  AmpSupport::HostCheck
 //   set_amp(opt, scale, found_inf)  the fused hand-over (docs/optim.md)       (required when Fused)
+// clang-format on
 //
 // Every member is static. `o`: options&, `s`: param_state&, `dict`: c10::impl::GenericDict&,
 // `reader`: const PythonReader&, `group`: const options& (the group's options just loaded).

@@ -6,6 +6,7 @@
 //
 //   save  value = {name: entry.save() for each entry}          state/entry.hpp
 //         rt.strategy().save_checkpoint(path, value, TorchFile)  who writes: dist/
+//           (save_state; Checkpoints' asynchronous saves pass an AsyncFile)
 //   load  value = rt.strategy().load_checkpoint(path, TorchFile, rt.device().device())
 //           (the file mapped: checkpoint/mapped.hpp)
 //         entry.load(value[name], options) for each entry; the rest is returned once every
@@ -35,6 +36,16 @@ inline Dict save_entries(const State& state) {
     d.insert(e.name(), e.save());
   }
   return d;
+}
+
+/// How a State becomes a file, for rt.save and loom::Checkpoints' asynchronous saves alike: the
+/// entries' values handed to the strategy, which decides which ranks write them through `io`
+/// (rt.save: TorchFile; Checkpoints: AsyncFile, which copies now and writes later).
+template <class R>
+void save_state(R& rt, const std::filesystem::path& path, const State& state,
+                const checkpoint::CheckpointIO& io) {
+  const c10::IValue value(save_entries(state));
+  rt.strategy().save_checkpoint(path, value, io);
 }
 
 /// Loads every entry of `state` from `value` (read from `where`) and returns the file's other
@@ -91,8 +102,7 @@ struct checkpoint_files<State> {
   static void save(R& rt, const std::filesystem::path& path, const State& state,
                    checkpoint::SaveOptions options) {
     try {
-      const c10::IValue value(state::save_entries(state));
-      rt.strategy().save_checkpoint(path, value, checkpoint::TorchFile(options));
+      state::save_state(rt, path, state, checkpoint::TorchFile(options));
     } catch (const CollectiveError& e) {
       throw collective_misuse("loom::save(" + path.string() + ")",
                               "rt.save(...)` or `ckpt.save(...)", e);

@@ -31,7 +31,7 @@
 #include <loom/state/checkpoint.hpp>
 #include <loom/state/load_options.hpp>
 
-namespace loom {
+namespace loom::state {
 
 /// What a Checkpoints directory keeps after each save.
 struct CheckpointsOptions {
@@ -154,10 +154,7 @@ class Checkpoints {
     writer_->set_options(checkpoint::SaveOptions{.sync = options.sync});
     // rt.save's value, handed to the strategy with an IO that copies it and writes later:
     // the strategy still decides which ranks write (Ddp: rank 0) and agrees on a failed copy.
-    collective([&] {
-      const c10::IValue value(state::save_entries(state));
-      rt.strategy().save_checkpoint(path(step), value, checkpoint::AsyncFile(*writer_));
-    });
+    collective([&] { state::save_state(rt, path(step), state, checkpoint::AsyncFile(*writer_)); });
     pending_ = step;
     pending_writer_ = writer;
   }
@@ -344,4 +341,11 @@ class Checkpoints {
   bool pending_writer_ = false;          // this rank writes it (and then moves `latest`)
 };
 
+}  // namespace loom::state
+
+// In loom::, where users write them.
+namespace loom {
+using state::Checkpoints;
+using state::CheckpointSaveOptions;
+using state::CheckpointsOptions;
 }  // namespace loom

@@ -62,7 +62,7 @@ std::string read_text(const fs::path& p) {
 }  // namespace
 
 TEST_CASE("Doubles are written as Python's repr writes them", "[logger]") {
-  using loom::detail::python_repr;
+  using loom::loggers::detail::python_repr;
   CHECK(python_repr(0.1) == "0.1");
   CHECK(python_repr(3.0) == "3.0");
   CHECK(python_repr(-2.5) == "-2.5");

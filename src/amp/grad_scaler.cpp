@@ -13,6 +13,7 @@
 #include <ATen/ops/full.h>
 
 #include <loom/amp/grad_scaler.hpp>
+#include <loom/detail/tensor_groups.hpp>
 #include <loom/error.hpp>
 #include <loom/optim/optimizer_table.hpp>
 #include <loom/state/reader.hpp>
@@ -21,13 +22,14 @@ namespace loom::amp {
 
 std::vector<at::Tensor> GradScaler::scale(const std::vector<at::Tensor>& outputs) {
   if (!options_.enabled) return outputs;
-  std::vector<std::pair<c10::Device, at::Tensor>> per_device;
+  std::optional<loom::detail::DeviceReplicas> per_device;  // torch's _MultiDeviceReplicator
   std::vector<at::Tensor> scaled;
   scaled.reserve(outputs.size());
   for (const auto& t : outputs) {
     if (!t.defined()) throw Error("loom::amp::GradScaler::scale: a tensor is undefined");
     if (!scale_.defined()) lazy_init(t.device());
-    scaled.push_back(t.mul(replica(per_device, scale_, t.device())));
+    if (!per_device) per_device.emplace(scale_);
+    scaled.push_back(t.mul(per_device->get(t.device())));
   }
   return scaled;
 }
@@ -168,15 +170,6 @@ StepResult GradScaler::step_fused(torch::optim::Optimizer& optimizer,
   return StepResult(found);
 }
 
-const at::Tensor& GradScaler::replica(std::vector<std::pair<c10::Device, at::Tensor>>& cache,
-                                      const at::Tensor& master, const c10::Device& device) {
-  for (const auto& entry : cache) {
-    if (entry.first == device) return entry.second;
-  }
-  cache.emplace_back(device, master.to(device, master.scalar_type(), /*non_blocking=*/true));
-  return cache.back().second;
-}
-
 void GradScaler::lazy_init(const c10::Device& device) {
   scale_ = at::full({}, options_.init_scale,
                     at::TensorOptions().dtype(c10::kFloat).device(device));  // () f32
@@ -195,12 +188,7 @@ void GradScaler::require_scale(const char* where) const {
 
 std::vector<std::pair<c10::Device, at::Tensor>> GradScaler::unscale_grads(
     torch::optim::Optimizer& optimizer, const at::Tensor& inv_scale) {
-  struct Group {
-    c10::Device device;
-    c10::ScalarType dtype;
-    std::vector<at::Tensor> grads;
-  };
-  std::vector<Group> groups;  // in first-seen order, like torch's nested defaultdicts
+  std::vector<at::Tensor> grads;  // share the gradients' storage: unscaled in place
   for (auto& group : optimizer.param_groups()) {
     for (auto& param : group.params()) {
       const at::Tensor& grad = param.grad();
@@ -211,34 +199,23 @@ std::vector<std::pair<c10::Device, at::Tensor>> GradScaler::unscale_grads(
       if (grad.is_sparse()) {
         throw Error("loom::amp::GradScaler::unscale_: sparse gradients are not supported");
       }
-      Group* found = nullptr;
-      for (auto& g : groups) {
-        if (g.device == grad.device() && g.dtype == grad.scalar_type()) found = &g;
-      }
-      if (found == nullptr) {
-        groups.push_back(Group{grad.device(), grad.scalar_type(), {}});
-        found = &groups.back();
-      }
-      found->grads.push_back(grad);  // shares the gradient's storage: unscaled in place
+      grads.push_back(grad);
     }
   }
   at::NoGradGuard no_grad;
-  std::vector<std::pair<c10::Device, at::Tensor>> found_inf;
-  std::vector<std::pair<c10::Device, at::Tensor>> inv_scales;
-  for (auto& g : groups) {
-    const auto& inv = replica(inv_scales, inv_scale, g.device);  // () f32
-    at::Tensor* flag = nullptr;
-    for (auto& entry : found_inf) {
-      if (entry.first == g.device) flag = &entry.second;
-    }
-    if (flag == nullptr) {
-      auto zero = at::full({}, 0.0, at::TensorOptions().dtype(c10::kFloat).device(g.device));
-      found_inf.emplace_back(g.device, std::move(zero));  // () f32
-      flag = &found_inf.back().second;
-    }
-    at::_amp_foreach_non_finite_check_and_unscale_(g.grads, *flag, inv);
+  // One call per (device, dtype) group. A group only sets its device's flag (to 1) and
+  // unscales its own gradients, so the groups' order changes no value; the flags, 0 or 1, are
+  // summed exactly whatever their order.
+  loom::detail::DeviceReplicas inv_scales(inv_scale);
+  loom::detail::DeviceReplicas found_inf;
+  for (const auto& g : loom::detail::group_by_device_and_dtype({grads})) {
+    const auto& inv = inv_scales.get(g.device);  // () f32
+    auto& flag = found_inf.get(g.device, [&] {   // () f32: 0 until an inf or nan is found
+      return at::full({}, 0.0, at::TensorOptions().dtype(c10::kFloat).device(g.device));
+    });
+    at::_amp_foreach_non_finite_check_and_unscale_(g.lists[0], flag, inv);
   }
-  return found_inf;
+  return std::move(found_inf).release();
 }
 
 bool unscales_itself(const torch::optim::Optimizer& optimizer) {

@@ -1,6 +1,6 @@
 // loom's optimizer table (optim/optimizer_table.hpp): the table itself, its LibTorch rows
-// (optim/libtorch_traits.hpp: Python's layout of six optimizers) and the lookups, compiled once
-// here rather than in every translation unit that steps an optimizer.
+// (optim/libtorch_traits.hpp: LibTorch's six optimizers, three of them in Python's layout) and the
+// lookups, compiled once here rather than in every translation unit that steps an optimizer.
 #include <atomic>
 #include <cstdint>
 #include <mutex>
