@@ -8,15 +8,50 @@
 //   rt.save(dir / "last.pt", state);
 //   auto rest = rt.load(dir / "last.pt", state);   // what the file holds beyond `state`
 //
-// Each entry knows how to turn its object into a value of the file and back:
-//   modules (torch::nn::Module, a ModuleHolder, a shared_ptr)   state_dict() names -> tensors
-//   optimizers (SGD, Adam, AdamW; LibTorch's and loom::optim's) Python's optimizer layout
-//   a loom::Runtime                                             state/runtime.hpp's entry
-//   anything with checkpoint_state() / load_checkpoint_state(v, strict)
-//   anything with state_dict() / load_state_dict(...) (schedulers, samplers, GradScaler)
-//   at::Tensor (copied in place), bool, integers, floating point numbers, std::string,
-//   c10::IValue (any value the file can hold)
+// An entry turns its object (a T, or a const T that only saves) into a value of the file and
+// back through loom::state::entry_traits<T>:
+//
+//   t: T&   v: const c10::IValue&   path: const std::string& (the entry's name)
+//   o: const LoadOptions&
+//
+//   member                  type          StateEntry
+//   kind                    EntryKind     kind()
+//   copies_tensors          bool          copies_tensors()
+//   save(t, path)           c10::IValue   save(): the value written under the entry's name
+//   load(t, v, path, o)     void          load(): restores t; errors name `path`
+//
+// loom's specialisations, in their order of precedence (each requires-clause excludes the
+// ones above it, so a type matches one):
+//
+//   T                                               kind       in the file
+//   a module (torch::nn::Module, a ModuleHolder,    Module     state_dict() names -> tensors
+//     a shared_ptr to one)
+//   an optimizer (derived from torch::optim::       Optimizer  Python's optimizer layout
+//     Optimizer: SGD, Adam, AdamW, loom::optim's)
+//   a loom::Runtime                                 Runtime    state/runtime.hpp's entry
+//   integers (not bool); floating point numbers     Value      an int; a float
+//   bool, std::string, at::Tensor (copied in        Value      itself
+//     place), c10::IValue (full specialisations)
+//   anything else (the primary template), by the    Object     what those return
+//     first it has of checkpoint_state() /
+//     load_checkpoint_state(v, strict), StateDict
+//     state_dict() / load_state_dict(StateDict),
+//     state_dict() / load_state_dict(IValue)
+//     (schedulers, samplers, GradScaler, EMA)
+//
+// A type that has none of these, and cannot be given the members, gets a full specialisation
+// of its own, which is chosen before loom's partial ones (docs/checkpoints.md, "Your own types"):
+//
+//   template <>
+//   struct loom::state::entry_traits<Point> {
+//     static constexpr loom::state::EntryKind kind = loom::state::EntryKind::Object;
+//     static constexpr bool copies_tensors = false;
+//     static c10::IValue save(Point& p, const std::string& path);
+//     static void load(Point& p, const c10::IValue& v, const std::string& path,
+//                      const loom::LoadOptions& o);
+//   };
 #include <concepts>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -66,129 +101,265 @@ concept value_stateful = requires(T& x, const c10::IValue& v) {
   x.load_state_dict(v);
 };
 
-inline void load_tensor(at::Tensor& t, const c10::IValue& v, const std::string& path) {
-  at::Tensor src = as_tensor(v, path);
-  if (!t.defined()) {
-    t = src;
-    return;
-  }
-  if (src.sizes() != t.sizes()) {
-    fail(path, "has shape " + shape_string(src.sizes()) + " in the checkpoint, " +
-                   shape_string(t.sizes()) + " here");
-  }
-  if (src.scalar_type() != t.scalar_type()) {
-    fail(path, "is " + std::string(c10::toString(src.scalar_type())) + " in the checkpoint, " +
-                   c10::toString(t.scalar_type()) + " here");
-  }
-  at::NoGradGuard no_grad;
-  t.copy_(src);
-}
+// The requires-clauses of entry_traits' partial specialisations: each excludes the kinds that
+// come before it, so that no type matches two.
+template <class T>
+concept optimizer_entry = !module_like<T> && std::is_base_of_v<torch::optim::Optimizer, T>;
+
+template <class T>
+concept runtime_entry =
+    !module_like<T> && !std::is_base_of_v<torch::optim::Optimizer, T> && runtime_like<T>;
+
+template <class T>
+concept integer_entry = std::is_integral_v<T> && !std::is_same_v<T, bool>;
 
 }  // namespace state::detail
 
-/// One named object of a State; see the top of this file for what it can refer to.
+namespace state {
+
+/// What a State entry refers to: its entry_traits' `kind`.
+enum class EntryKind {
+  Module,     ///< a torch::nn::Module, a ModuleHolder or a shared_ptr to one
+  Optimizer,  ///< a torch::optim::Optimizer
+  Runtime,    ///< a loom::Runtime
+  Object,     ///< an object with its own state: a scheduler, a sampler, a GradScaler, an EMA
+  Value,      ///< a tensor, a number, a string or a c10::IValue
+};
+
+/// How a State entry saves and loads a T: an object with checkpoint_state() or state_dict()
+/// (see the top of this file); specialise it for a type of your own.
+template <class T>
+struct entry_traits {
+  static constexpr EntryKind kind = EntryKind::Object;
+  static constexpr bool copies_tensors = false;
+
+  static c10::IValue save(T& object, const std::string&) {
+    static_assert(
+        detail::checkpoint_stateful<T> || detail::dict_stateful<T> || detail::value_stateful<T>,
+        "loom::State: this type cannot be checkpointed; an entry refers to a module, "
+        "an optimizer, a loom::Runtime, something with state_dict()/load_state_dict() "
+        "or checkpoint_state()/load_checkpoint_state(), a tensor, a number, a string "
+        "or a c10::IValue; for another type, specialise loom::state::entry_traits "
+        "(docs/checkpoints.md, \"Your own types\")");
+    if constexpr (detail::checkpoint_stateful<T>) {
+      return c10::IValue(object.checkpoint_state());
+    } else if constexpr (detail::dict_stateful<T>) {
+      return c10::IValue(detail::to_dict(object.state_dict()));
+    } else if constexpr (detail::value_stateful<T>) {
+      return c10::IValue(object.state_dict());
+    } else {
+      return {};  // not reached: the static_assert above has failed
+    }
+  }
+  static void load(T& object, const c10::IValue& value, const std::string& path,
+                   const LoadOptions& options) {
+    if constexpr (detail::checkpoint_stateful<T>) {
+      object.load_checkpoint_state(value, options.strict);
+    } else if constexpr (detail::dict_stateful<T>) {
+      object.load_state_dict(detail::from_dict(value, path));
+    } else if constexpr (detail::value_stateful<T>) {
+      object.load_state_dict(value);
+    }
+  }
+};
+
+/// A module: Python's module.state_dict(), loaded by copying into the module's tensors.
+template <class T>
+requires detail::module_like<T>
+struct entry_traits<T> {
+  static constexpr EntryKind kind = EntryKind::Module;
+  static constexpr bool copies_tensors = true;
+
+  static c10::IValue save(T& module, const std::string&) {
+    return c10::IValue(module_state(loom::detail::as_module(module)));
+  }
+  static void load(T& module, const c10::IValue& value, const std::string& path,
+                   const LoadOptions& options) {
+    load_module_state(loom::detail::as_module(module), value, path, options.strict);
+  }
+};
+
+/// An optimizer: Python's optimizer.state_dict() (state/optimizer.hpp).
+template <class T>
+requires detail::optimizer_entry<T>
+struct entry_traits<T> {
+  static constexpr EntryKind kind = EntryKind::Optimizer;
+  static constexpr bool copies_tensors = true;
+
+  static c10::IValue save(T& optimizer, const std::string& path) {
+    return c10::IValue(optimizer_state(optimizer, path));
+  }
+  static void load(T& optimizer, const c10::IValue& value, const std::string& path,
+                   const LoadOptions&) {
+    load_optimizer_state(optimizer, value, path, /*adopt=*/true);
+  }
+};
+
+/// A loom::Runtime (which has state_dict() too): state/runtime.hpp's entry.
+template <class T>
+requires detail::runtime_entry<T>
+struct entry_traits<T> {
+  static constexpr EntryKind kind = EntryKind::Runtime;
+  static constexpr bool copies_tensors = false;
+
+  static c10::IValue save(T& rt, const std::string&) { return c10::IValue(runtime_state(rt)); }
+  static void load(T& rt, const c10::IValue& value, const std::string&,
+                   const LoadOptions& options) {
+    load_runtime_state(rt, value, options);
+  }
+};
+
+/// An integer (not bool): an int in the file; a value that does not fit T is an error.
+template <class T>
+requires detail::integer_entry<T>
+struct entry_traits<T> {
+  static constexpr EntryKind kind = EntryKind::Value;
+  static constexpr bool copies_tensors = false;
+
+  static c10::IValue save(T& number, const std::string&) {
+    return c10::IValue(static_cast<int64_t>(number));
+  }
+  static void load(T& number, const c10::IValue& value, const std::string& path,
+                   const LoadOptions&) {
+    const int64_t x = as_int(value, path);
+    if (static_cast<int64_t>(static_cast<T>(x)) != x || (std::is_unsigned_v<T> && x < 0)) {
+      fail(path, "the value " + std::to_string(x) + " does not fit this integer type");
+    }
+    number = static_cast<T>(x);
+  }
+};
+
+/// A floating point number: a double in the file.
+template <class T>
+requires std::floating_point<T>
+struct entry_traits<T> {
+  static constexpr EntryKind kind = EntryKind::Value;
+  static constexpr bool copies_tensors = false;
+
+  static c10::IValue save(T& number, const std::string&) {
+    return c10::IValue(static_cast<double>(number));
+  }
+  static void load(T& number, const c10::IValue& value, const std::string& path,
+                   const LoadOptions&) {
+    number = static_cast<T>(as_double(value, path));
+  }
+};
+
+/// A bool.
+template <>
+struct entry_traits<bool> {
+  static constexpr EntryKind kind = EntryKind::Value;
+  static constexpr bool copies_tensors = false;
+
+  static c10::IValue save(bool& flag, const std::string&) { return c10::IValue(flag); }
+  static void load(bool& flag, const c10::IValue& value, const std::string& path,
+                   const LoadOptions&) {
+    flag = as_bool(value, path);
+  }
+};
+
+/// A std::string.
+template <>
+struct entry_traits<std::string> {
+  static constexpr EntryKind kind = EntryKind::Value;
+  static constexpr bool copies_tensors = false;
+
+  static c10::IValue save(std::string& text, const std::string&) { return c10::IValue(text); }
+  static void load(std::string& text, const c10::IValue& value, const std::string& path,
+                   const LoadOptions&) {
+    text = string_of(value, load_owner, path);
+  }
+};
+
+/// A tensor: saved detached; loaded by copying into it (same shape and dtype), or taken as it
+/// is when undefined.
+template <>
+struct entry_traits<at::Tensor> {
+  static constexpr EntryKind kind = EntryKind::Value;
+  static constexpr bool copies_tensors = false;
+
+  static c10::IValue save(at::Tensor& tensor, const std::string&) {
+    return c10::IValue(tensor.detach());
+  }
+  static void load(at::Tensor& tensor, const c10::IValue& value, const std::string& path,
+                   const LoadOptions&) {
+    at::Tensor src = as_tensor(value, path);
+    if (!tensor.defined()) {
+      tensor = src;
+      return;
+    }
+    if (src.sizes() != tensor.sizes()) {
+      fail(path, "has shape " + shape_string(src.sizes()) + " in the checkpoint, " +
+                     shape_string(tensor.sizes()) + " here");
+    }
+    if (src.scalar_type() != tensor.scalar_type()) {
+      fail(path, "is " + std::string(c10::toString(src.scalar_type())) + " in the checkpoint, " +
+                     c10::toString(tensor.scalar_type()) + " here");
+    }
+    at::NoGradGuard no_grad;
+    tensor.copy_(src);
+  }
+};
+
+/// A c10::IValue: any value the file can hold, saved and loaded as it is.
+template <>
+struct entry_traits<c10::IValue> {
+  static constexpr EntryKind kind = EntryKind::Value;
+  static constexpr bool copies_tensors = false;
+
+  static c10::IValue save(c10::IValue& held, const std::string&) { return held; }
+  static void load(c10::IValue& held, const c10::IValue& value, const std::string&,
+                   const LoadOptions&) {
+    held = value;
+  }
+};
+
+}  // namespace state
+
+/// One named object of a State, saved and loaded through state::entry_traits (see the top of
+/// this file).
 class StateEntry {
  public:
   template <class T>
   StateEntry(std::string name, T& object)  // NOLINT: implicit, for {{"model", model}, ...}
       : name_(std::move(name)) {
-    using U = std::remove_const_t<T>;
-    [[maybe_unused]] constexpr bool writable = !std::is_const_v<T>;
-    U* mut = const_cast<U*>(&object);
-    [[maybe_unused]] const std::string& path = name_;
-    if constexpr (state::detail::module_like<U>) {
-      save_ = [mut] { return c10::IValue(state::module_state(loom::detail::as_module(*mut))); };
-      load_ = [mut, path](const c10::IValue& v, const LoadOptions& o) {
-        state::load_module_state(loom::detail::as_module(*mut), v, path, o.strict);
-      };
-      copies_tensors_ = true;
-    } else if constexpr (std::is_base_of_v<torch::optim::Optimizer, U>) {
-      save_ = [mut, path] { return c10::IValue(state::optimizer_state(*mut, path)); };
-      load_ = [mut, path](const c10::IValue& v, const LoadOptions&) {
-        state::load_optimizer_state(*mut, v, path, /*adopt=*/true);
-      };
-      copies_tensors_ = true;
-    } else if constexpr (state::detail::runtime_like<U>) {
-      save_ = [mut] { return c10::IValue(state::runtime_state(*mut)); };
-      load_ = [mut](const c10::IValue& v, const LoadOptions& o) {
-        state::load_runtime_state(*mut, v, o);
-      };
-    } else if constexpr (state::detail::checkpoint_stateful<U>) {
-      save_ = [mut] { return c10::IValue(mut->checkpoint_state()); };
-      load_ = [mut](const c10::IValue& v, const LoadOptions& o) {
-        mut->load_checkpoint_state(v, o.strict);
-      };
-    } else if constexpr (state::detail::dict_stateful<U>) {
-      save_ = [mut] { return c10::IValue(state::detail::to_dict(mut->state_dict())); };
-      load_ = [mut, path](const c10::IValue& v, const LoadOptions&) {
-        mut->load_state_dict(state::detail::from_dict(v, path));
-      };
-    } else if constexpr (state::detail::value_stateful<U>) {
-      save_ = [mut] { return c10::IValue(mut->state_dict()); };
-      load_ = [mut](const c10::IValue& v, const LoadOptions&) { mut->load_state_dict(v); };
-    } else if constexpr (std::is_same_v<U, at::Tensor>) {
-      save_ = [mut] { return c10::IValue(mut->detach()); };
-      load_ = [mut, path](const c10::IValue& v, const LoadOptions&) {
-        state::detail::load_tensor(*mut, v, path);
-      };
-    } else if constexpr (std::is_same_v<U, bool>) {
-      save_ = [mut] { return c10::IValue(*mut); };
-      load_ = [mut, path](const c10::IValue& v, const LoadOptions&) {
-        *mut = state::as_bool(v, path);
-      };
-    } else if constexpr (std::is_integral_v<U>) {
-      save_ = [mut] { return c10::IValue(static_cast<int64_t>(*mut)); };
-      load_ = [mut, path](const c10::IValue& v, const LoadOptions&) {
-        const int64_t x = state::as_int(v, path);
-        if (static_cast<int64_t>(static_cast<U>(x)) != x || (std::is_unsigned_v<U> && x < 0)) {
-          state::fail(path, "the value " + std::to_string(x) + " does not fit this integer type");
-        }
-        *mut = static_cast<U>(x);
-      };
-    } else if constexpr (std::is_floating_point_v<U>) {
-      save_ = [mut] { return c10::IValue(static_cast<double>(*mut)); };
-      load_ = [mut, path](const c10::IValue& v, const LoadOptions&) {
-        *mut = static_cast<U>(state::as_double(v, path));
-      };
-    } else if constexpr (std::is_same_v<U, std::string>) {
-      save_ = [mut] { return c10::IValue(*mut); };
-      load_ = [mut, path](const c10::IValue& v, const LoadOptions&) {
-        *mut = state::string_of(v, state::load_owner, path);
-      };
-    } else if constexpr (std::is_same_v<U, c10::IValue>) {
-      save_ = [mut] { return *mut; };
-      load_ = [mut](const c10::IValue& v, const LoadOptions&) { *mut = v; };
-    } else {
-      static_assert(
-          sizeof(U) == 0,
-          "loom::State: this type cannot be checkpointed; an entry refers to a module, "
-          "an optimizer, a loom::Runtime, something with state_dict()/load_state_dict() or "
-          "checkpoint_state()/load_checkpoint_state(), a tensor, a number, a string "
-          "or a c10::IValue");
-    }
-    if constexpr (!writable) {
-      load_ = [path](const c10::IValue&, const LoadOptions&) {
+    using Traits = state::entry_traits<std::remove_const_t<T>>;
+    auto* mut = const_cast<std::remove_const_t<T>*>(&object);
+    kind_ = Traits::kind;
+    copies_tensors_ = Traits::copies_tensors;
+    save_ = [mut](const std::string& path) { return c10::IValue(Traits::save(*mut, path)); };
+    if constexpr (std::is_const_v<T>) {
+      load_ = [](const c10::IValue&, const std::string& path, const LoadOptions&) {
         state::fail(path, "refers to a const object, which cannot be loaded");
+      };
+    } else {
+      load_ = [mut](const c10::IValue& v, const std::string& path, const LoadOptions& o) {
+        Traits::load(*mut, v, path, o);
       };
     }
   }
 
   const std::string& name() const noexcept { return name_; }
+  /// What the object is (a module, an optimizer, the runtime...): entry_traits<T>::kind.
+  state::EntryKind kind() const noexcept { return kind_; }
   /// The object's value for the file.
-  c10::IValue save() const { return save_(); }
+  c10::IValue save() const { return save_(name_); }
   /// Restores the object from the value rt.load just read from a file (an optimizer keeps
   /// the value's tensors that need no cast); throws loom::Error naming the key at fault.
-  void load(const c10::IValue& value, const LoadOptions& options) const { load_(value, options); }
+  void load(const c10::IValue& value, const LoadOptions& options) const {
+    load_(value, name_, options);
+  }
   /// Whether load() keeps none of the value's tensors (a module copies them into its own, an
   /// optimizer copies or keeps only those not mapped: state/optimizer.hpp), so rt.load may hand
   /// it tensors that view a mapped file (checkpoint/mapped.hpp); other entries get their own.
   bool copies_tensors() const noexcept { return copies_tensors_; }
 
  private:
+  state::EntryKind kind_ = state::EntryKind::Value;
   bool copies_tensors_ = false;
   std::string name_;
-  std::function<c10::IValue()> save_;
-  std::function<void(const c10::IValue&, const LoadOptions&)> load_;
+  std::function<c10::IValue(const std::string&)> save_;
+  std::function<void(const c10::IValue&, const std::string&, const LoadOptions&)> load_;
 };
 
 }  // namespace loom

@@ -1,5 +1,5 @@
 // rt.save / rt.load: a whole training state in place, strict key checks, precisions crossed,
-// RNG and seeds, the Python optimizer layout both ways.
+// RNG and seeds, the Python optimizer layout both ways, entry_traits and each entry's kind.
 #include "support/catch.hpp"
 #include "support/same_value.hpp"
 #include "support/warnings.hpp"
@@ -64,6 +64,35 @@ void train(RT& rt, torch::nn::Sequential& model, Opt& opt, int steps) {
 }
 
 }  // namespace
+
+// A type with no state members, checkpointed through a specialisation of
+// loom::state::entry_traits (docs/checkpoints.md, "Your own types", quotes it).
+namespace geo {
+struct Point {
+  double x = 0;
+  double y = 0;
+};
+}  // namespace geo
+
+template <>
+struct loom::state::entry_traits<geo::Point> {
+  static constexpr loom::state::EntryKind kind = loom::state::EntryKind::Object;
+  static constexpr bool copies_tensors = false;
+
+  static c10::IValue save(geo::Point& p, const std::string&) {
+    auto d = loom::state::new_dict();
+    d.insert("x", p.x);
+    d.insert("y", p.y);
+    return d;
+  }
+  static void load(geo::Point& p, const c10::IValue& value, const std::string& path,
+                   const loom::LoadOptions&) {
+    loom::state::Reader r("loom::load", value, path);  // errors name "origin.x"
+    p.x = r.number("x");
+    p.y = r.number("y");
+    r.finish();
+  }
+};
 
 TEST_CASE("module_state has Python's state_dict names in Python's order", "[checkpoint][state]") {
   auto model = make_model();
@@ -242,6 +271,85 @@ TEST_CASE("rt.load names what does not fit, and returns what it was not asked fo
                       Contains("names 'a' twice"));
     CHECK_FALSE(fs::exists(dir.path / "twice.pt"));
   }
+}
+
+TEST_CASE("entry_traits checkpoints a type of the user's; each entry has its kind",
+          "[checkpoint][state]") {
+  TempDir tmp;
+  const fs::path dir = tmp.path;
+  loom::Runtime<loom::Cpu, loom::Fp32> rt;
+  auto model = make_model();
+  loom::optim::Adam opt(model->parameters(), loom::optim::AdamOptions(1e-2));
+  rt.setup(model, opt);
+
+  geo::Point origin{1.5, -2.0};
+  loom::State state{{"model", model}, {"origin", origin}};
+  rt.save(dir / "point.pt", state);
+  const auto saved = loom::checkpoint::load_value(dir / "point.pt").toGenericDict();
+  const auto xy = saved.at("origin").toGenericDict();
+  CHECK(xy.size() == 2);
+  CHECK(xy.at("x").toDouble() == 1.5);
+  CHECK(xy.at("y").toDouble() == -2.0);
+  geo::Point back;
+  CHECK(rt.load(dir / "point.pt", {{"model", model}, {"origin", back}}).empty());
+  CHECK(back.x == 1.5);
+  CHECK(back.y == -2.0);
+
+  // StateEntry itself: the traits' kind and copies_tensors, save and load, errors by path.
+  loom::StateEntry entry("origin", back);
+  CHECK(entry.kind() == loom::state::EntryKind::Object);
+  CHECK_FALSE(entry.copies_tensors());
+  geo::Point other{3.0, 4.0};
+  entry.load(loom::StateEntry("other", other).save(), loom::LoadOptions{});
+  CHECK(back.x == 3.0);
+  CHECK(back.y == 4.0);
+  auto bad = loom::state::new_dict();
+  bad.insert("x", "three");
+  bad.insert("y", 4.0);
+  CHECK_THROWS_WITH(entry.load(bad, loom::LoadOptions{}),
+                    Contains("loom::load: key \"origin.x\": expected a number, got a str"));
+  const geo::Point fixed{5.0, 6.0};
+  loom::StateEntry frozen("fixed", fixed);
+  CHECK(frozen.save().toGenericDict().at("x").toDouble() == 5.0);
+  CHECK_THROWS_WITH(frozen.load(bad, loom::LoadOptions{}),
+                    Contains("loom::load: key \"fixed\": refers to a const object, which cannot "
+                             "be loaded"));
+
+  // loom's own specialisations.
+  using loom::state::EntryKind;
+  torch::optim::SGD torch_sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+  loom::optim::StepLR sched(opt, 2, 0.5);
+  loom::DistributedSampler sampler(20, loom::DistributedSamplerOptions{});
+  loom::amp::GradScaler scaler;
+  loom::optim::EMA ema(*model);
+  int64_t step = 3;
+  std::uint16_t width = 2;
+  double best = 0.5;
+  bool done = false;
+  std::string tag = "run";
+  at::Tensor extra = at::zeros({2});
+  c10::IValue any(1.0);
+  const loom::State kinds{
+      {"model", model}, {"module", *model},   {"optimizer", opt},   {"torch_sgd", torch_sgd},
+      {"runtime", rt},  {"scheduler", sched}, {"sampler", sampler}, {"scaler", scaler},
+      {"ema", ema},     {"step", step},       {"width", width},     {"best", best},
+      {"done", done},   {"tag", tag},         {"extra", extra},     {"any", any}};
+  const std::vector<EntryKind> expected{
+      EntryKind::Module,  EntryKind::Module, EntryKind::Optimizer, EntryKind::Optimizer,
+      EntryKind::Runtime, EntryKind::Object, EntryKind::Object,    EntryKind::Object,
+      EntryKind::Object,  EntryKind::Value,  EntryKind::Value,     EntryKind::Value,
+      EntryKind::Value,   EntryKind::Value,  EntryKind::Value,     EntryKind::Value};
+  REQUIRE(kinds.size() == expected.size());
+  for (std::size_t i = 0; i < kinds.size(); ++i) {
+    INFO(kinds[i].name());
+    CHECK(kinds[i].kind() == expected[i]);
+    const bool copies = expected[i] == EntryKind::Module || expected[i] == EntryKind::Optimizer;
+    CHECK(kinds[i].copies_tensors() == copies);
+  }
+  // A Runtime has state_dict() too, and still saves as the runtime's entry.
+  CHECK(loom::StateEntry("runtime", rt).save().toGenericDict().contains("precision"));
+  CHECK(loom::StateEntry("width", width).save().toInt() == 2);
+  CHECK(loom::StateEntry("best", best).save().toDouble() == 0.5);
 }
 
 TEST_CASE("model and optimizer states cross precisions, the GradScaler does not",
