@@ -209,13 +209,16 @@ struct entry_traits<T> {
   }
 };
 
+/// What every value's traits say: EntryKind::Value, and load takes no tensor as it is.
+struct ValueEntry {
+  static constexpr EntryKind kind = EntryKind::Value;
+  static constexpr bool copies_tensors = false;
+};
+
 /// An integer (not bool): an int in the file; a value that does not fit T is an error.
 template <class T>
 requires detail::integer_entry<T>
-struct entry_traits<T> {
-  static constexpr EntryKind kind = EntryKind::Value;
-  static constexpr bool copies_tensors = false;
-
+struct entry_traits<T> : ValueEntry {
   static c10::IValue save(T& number, const std::string&) {
     return c10::IValue(static_cast<int64_t>(number));
   }
@@ -232,10 +235,7 @@ struct entry_traits<T> {
 /// A floating point number: a double in the file.
 template <class T>
 requires std::floating_point<T>
-struct entry_traits<T> {
-  static constexpr EntryKind kind = EntryKind::Value;
-  static constexpr bool copies_tensors = false;
-
+struct entry_traits<T> : ValueEntry {
   static c10::IValue save(T& number, const std::string&) {
     return c10::IValue(static_cast<double>(number));
   }
@@ -247,10 +247,7 @@ struct entry_traits<T> {
 
 /// A bool.
 template <>
-struct entry_traits<bool> {
-  static constexpr EntryKind kind = EntryKind::Value;
-  static constexpr bool copies_tensors = false;
-
+struct entry_traits<bool> : ValueEntry {
   static c10::IValue save(bool& flag, const std::string&) { return c10::IValue(flag); }
   static void load(bool& flag, const c10::IValue& value, const std::string& path,
                    const LoadOptions&) {
@@ -260,10 +257,7 @@ struct entry_traits<bool> {
 
 /// A std::string.
 template <>
-struct entry_traits<std::string> {
-  static constexpr EntryKind kind = EntryKind::Value;
-  static constexpr bool copies_tensors = false;
-
+struct entry_traits<std::string> : ValueEntry {
   static c10::IValue save(std::string& text, const std::string&) { return c10::IValue(text); }
   static void load(std::string& text, const c10::IValue& value, const std::string& path,
                    const LoadOptions&) {
@@ -274,10 +268,7 @@ struct entry_traits<std::string> {
 /// A tensor: saved detached; loaded by copying into it (same shape and dtype), or taken as it
 /// is when undefined.
 template <>
-struct entry_traits<at::Tensor> {
-  static constexpr EntryKind kind = EntryKind::Value;
-  static constexpr bool copies_tensors = false;
-
+struct entry_traits<at::Tensor> : ValueEntry {
   static c10::IValue save(at::Tensor& tensor, const std::string&) {
     return c10::IValue(tensor.detach());
   }
@@ -303,10 +294,7 @@ struct entry_traits<at::Tensor> {
 
 /// A c10::IValue: any value the file can hold, saved and loaded as it is.
 template <>
-struct entry_traits<c10::IValue> {
-  static constexpr EntryKind kind = EntryKind::Value;
-  static constexpr bool copies_tensors = false;
-
+struct entry_traits<c10::IValue> : ValueEntry {
   static c10::IValue save(c10::IValue& held, const std::string&) { return held; }
   static void load(c10::IValue& held, const c10::IValue& value, const std::string&,
                    const LoadOptions&) {
