@@ -175,7 +175,8 @@ TEST_CASE("A logged tensor is a snapshot, read once per flush", "[logger]") {
 TEST_CASE("TensorBoardLogger frames its records with TensorBoard's masked CRC-32C", "[logger]") {
   // CRC-32C("123456789") = 0xE3069283; TFRecord masks it: ror 15, plus 0xa282ead8.
   const uint32_t c = 0xE3069283u;
-  CHECK(loom::loggers::detail::masked_crc32c("123456789", 9) == ((c >> 15) | (c << 17)) + 0xa282ead8u);
+  CHECK(loom::loggers::detail::masked_crc32c("123456789", 9) ==
+        ((c >> 15) | (c << 17)) + 0xa282ead8u);
   TempDir dir;
   loom::TensorBoardLogger tb(dir.path, {.version = 1});
   CHECK(tb.log_dir() == dir.path / "lightning_logs" / "version_1");
