@@ -133,7 +133,7 @@ Outcome train_and_evaluate(RT& rt, const Options& o) {
   loom::StopSignal stop;
   // The bar on rank 0 only; every rank runs the same number of steps (the sampler pads).
   std::optional<loom::ProgressBar> progress;
-  if (s.is_global_zero()) progress.emplace(total_steps - step);
+  progress.emplace(rt, total_steps - step);  // prints on the strategy's rank 0 only
   for (auto epoch = static_cast<int>(sampler.epoch()); epoch < o.epochs && step < total_steps;
        ++epoch) {
     // Python's set_epoch before iterating; after a resume, the loaded epoch's first reset

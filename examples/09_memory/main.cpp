@@ -136,7 +136,7 @@ double train_and_evaluate(RT& rt, const Options& o) {
       static_cast<int64_t>((sampler.num_samples() + o.batch_size - 1) / o.batch_size);
   const int64_t total = o.max_steps >= 0 ? std::min(per_epoch, o.max_steps) : per_epoch;
   std::optional<loom::ProgressBar> progress;
-  if (s.is_global_zero()) progress.emplace(total);
+  progress.emplace(rt, total);  // prints on the strategy's rank 0 only
   int64_t step = 0;
   sampler.set_epoch(0);
   model->train();
@@ -149,7 +149,7 @@ double train_and_evaluate(RT& rt, const Options& o) {
     if (++step == 1) {
       if (progress) progress->finish();
       print_memory(rt, *model, opt, "after the first step");
-      if (s.is_global_zero()) progress.emplace(total - 1);
+      progress.emplace(rt, total - 1);
     }
     if (step == total) break;
   }

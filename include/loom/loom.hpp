@@ -84,8 +84,8 @@
 #include <loom/state/entry.hpp>
 #include <loom/state/module.hpp>
 #include <loom/state/optimizer.hpp>
-#include <loom/state/reader.hpp>
 #include <loom/state/runtime.hpp>
-#include <loom/state/state_dict.hpp>
 #include <loom/state/values.hpp>
+#include <loom/state_dict.hpp>
+#include <loom/state_reader.hpp>
 #include <loom/version.hpp>

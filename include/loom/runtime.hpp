@@ -24,9 +24,9 @@
 //                                                        may skip on inf/nan    precision/, amp/
 //             (several: p.optimizer_steps({o1, o2}), one scaler update)   Zero: shard, gather
 //   state     d, p, s state_dict (prefixed)              and load_state_dict    all three
-//   save      rt.save(path, state): every rank builds the value (device states gathered),
-//             s.save_checkpoint(path, value, io): Ddp: rank 0 writes     state/, dist/
-//   load      v = s.load_checkpoint(path, io, d.device()); every entry loads in place
+//   save      rt.save(path, state): s.save_checkpoint(path, state, io) gets the typed entries,
+//             saves them on every rank (device states gathered); Ddp: rank 0 writes  state/, dist/
+//   load      v = s.load_checkpoint(path, state, io, d.device()); every entry loads in place
 //   log       rt.log / log_dict / log_hyperparams -> the loggers (rank 0)    loggers/
 //   teardown  loggers flushed, p.teardown -> s.teardown -> d.teardown        all three
 #include <concepts>
@@ -62,7 +62,7 @@
 #include <loom/error.hpp>
 #include <loom/guards.hpp>
 #include <loom/loggers/logger.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
 #include <loom/step_result.hpp>
 
 namespace loom {
@@ -223,7 +223,7 @@ class Runtime {
   StepResult optimizer_step(torch::optim::Optimizer& optimizer) {
     forwards_.stepped();
     agree_before_step();
-    const std::reference_wrapper<torch::optim::Optimizer> one[] = {optimizer};
+    const OptimizerRef one[] = {optimizer};
     return strategy_.optimizer_step(
         Optimizers(one), [&] { precision_.unscale_gradients(optimizer); },
         [&] { return StepResult(precision_.optimizer_step(optimizer)); });
@@ -248,8 +248,7 @@ class Runtime {
         [&] { return precision_.optimizer_steps(optimizers); });
   }
   /// `rt.optimizer_step({o1, o2})`.
-  std::vector<StepResult> optimizer_step(
-      std::initializer_list<std::reference_wrapper<torch::optim::Optimizer>> optimizers) {
+  std::vector<StepResult> optimizer_step(std::initializer_list<OptimizerRef> optimizers) {
     return optimizer_step(Optimizers(optimizers.begin(), optimizers.size()));
   }
 
@@ -349,8 +348,13 @@ class Runtime {
     return detail::checkpoint_files<S>::load(*this, path, state, options);
   }
 
-  /// Adds a logger that log, log_dict and log_hyperparams feed (Fabric's `loggers=`).
-  void add_logger(std::shared_ptr<Logger> logger) { loggers_.add(std::move(logger)); }
+  /// Adds a logger that log, log_dict and log_hyperparams feed (Fabric's `loggers=`), first
+  /// giving it the strategy's rank (Logger::attach: Fabric sets its loggers' rank from the
+  /// strategy); a logger given another LoggerOptions::rank is a loom::Error.
+  void add_logger(std::shared_ptr<Logger> logger) {
+    if (logger) logger->attach(static_cast<int64_t>(strategy_.rank()));
+    loggers_.add(std::move(logger));  // a null one: loom::Error
+  }
   /// The loggers added.
   const Loggers& loggers() const noexcept { return loggers_; }
 

@@ -1,6 +1,7 @@
 #pragma once
 // loom::StepResult and loom::GradNorm: whether an optimizer step was applied and the gradient
-// norm before clipping, each read from the device only when asked.
+// norm before clipping, each read from the device only when asked; loom::Optimizers, the
+// optimizers one step steps.
 #include <functional>
 #include <optional>
 #include <span>
@@ -14,8 +15,11 @@ class Optimizer;
 
 namespace loom {
 
-/// Several optimizers stepped together (`rt.optimizer_step({o1, o2})`): references, in order.
-using Optimizers = std::span<const std::reference_wrapper<torch::optim::Optimizer>>;
+/// One optimizer among several: what a list of optimizers holds (`{o1, o2}` makes them).
+using OptimizerRef = std::reference_wrapper<torch::optim::Optimizer>;
+/// Several optimizers stepped together (`rt.optimizer_step({o1, o2})`, a strategy's
+/// optimizer_step): a view of references, in order.
+using Optimizers = std::span<const OptimizerRef>;
 
 /// What `optimizer_step` returns: whether the step was applied (false: skipped, e.g. because
 /// 16-mixed found inf/nan gradients).

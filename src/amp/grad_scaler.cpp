@@ -16,7 +16,7 @@
 #include <loom/detail/tensor_groups.hpp>
 #include <loom/error.hpp>
 #include <loom/optim/optimizer_table.hpp>
-#include <loom/state/reader.hpp>
+#include <loom/state_reader.hpp>
 
 namespace loom::amp {
 

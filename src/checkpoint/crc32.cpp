@@ -62,7 +62,7 @@ constexpr std::array<uint32_t, 67> make_powers() {
   return t;
 }
 
-constexpr auto kPowers = make_powers();
+constexpr auto powers = make_powers();
 
 }  // namespace
 
@@ -70,7 +70,7 @@ uint32_t crc32_combine(uint32_t crc_a, uint32_t crc_b, std::size_t n_b) {
   // crc(A B) = crc(A) * x^(8 n_b) + crc(B) (mod the polynomial).
   uint32_t shift = 1u << 31;  // x^0
   for (std::size_t k = 3; n_b != 0; n_b >>= 1, ++k) {
-    if (n_b & 1u) shift = multiply_mod_p(kPowers[k], shift);
+    if (n_b & 1u) shift = multiply_mod_p(powers[k], shift);
   }
   return multiply_mod_p(shift, crc_a) ^ crc_b;
 }

@@ -51,7 +51,7 @@ std::string first_line(const char* what) {
 /// symbolizes a stack trace, a cost otherwise paid on every refused file.
 std::string first_line(const c10::Error& e) { return first_line(e.what_without_backtrace()); }
 
-/// Checks records against their CRC-32s. A record of kCheckAsideBytes or more is checked on a
+/// Checks records against their CRC-32s. A record of check_aside_bytes or more is checked on a
 /// second thread while the next one is read; finish() waits for those checks and throws for
 /// the first mismatch, so no value is returned before all of its bytes are checked.
 class CrcChecks {
@@ -66,7 +66,7 @@ class CrcChecks {
   void check(const std::string& name, const at::Tensor& bytes, uint32_t expected) {
     if (expected == 0) return;
     const auto n = static_cast<std::size_t>(bytes.nbytes());
-    if (n >= kCheckAsideBytes && start_worker()) {
+    if (n >= check_aside_bytes && start_worker()) {
       std::lock_guard<std::mutex> lock(mutex_);
       jobs_.push_back(Job{name, bytes, expected});
       ready_.notify_one();
@@ -156,7 +156,8 @@ std::unordered_map<std::string, uint32_t> write_records(
   int64_t total = 0;
   for (const auto& st : storages) total += st.bytes.nbytes();
   std::jthread worker;  // joined before the storages go (declared after the pickler)
-  if (total >= static_cast<int64_t>(kCheckAsideBytes) && std::thread::hardware_concurrency() >= 2) {
+  if (total >= static_cast<int64_t>(check_aside_bytes) &&
+      std::thread::hardware_concurrency() >= 2) {
     try {
       worker = std::jthread(compute);
     } catch (const std::system_error&) {
@@ -211,7 +212,7 @@ at::Tensor mapped_record(const MappedRecords& m, const std::string& name, int64_
 /// Reads the value of a torch.save file of `file_bytes` bytes (no storage can be larger),
 /// checking every record it reads against the CRC-32 in `crcs` (the central directory's).
 /// With `mapped`, stored storages are views of the mapped file (checkpoint/mapped.hpp); those
-/// of kCheckAsideBytes or more are checked by this thread's DeferredChecks where it has one
+/// of check_aside_bytes or more are checked by this thread's DeferredChecks where it has one
 /// (rt.load's: as they are copied), else on two threads before the value is returned.
 c10::IValue read_records(caffe2::serialize::PyTorchStreamReader& reader,
                          std::optional<c10::Device> map_location, const std::string& what,
@@ -264,7 +265,7 @@ c10::IValue read_records(caffe2::serialize::PyTorchStreamReader& reader,
       if (at::Tensor view = mapped_record(*mapped, name, nbytes, what); view.defined()) {
         // The view may be copied to a device and dropped before it is checked: `deferred`
         // keeps it.
-        if (static_cast<std::size_t>(nbytes) < kCheckAsideBytes) {
+        if (static_cast<std::size_t>(nbytes) < check_aside_bytes) {
           checks.check(name, view, expected_crc(name));
         } else {
           deferred->defer(what, name, view, expected_crc(name));

@@ -1,4 +1,4 @@
-// loom::checkpoint::MappedFile, is_mapped, unmapped, copy_all and DeferredChecks
+// loom::checkpoint::MappedFile, is_mapped, unmapped, copy_all, LoadPlan and DeferredChecks
 // (include/loom/checkpoint/mapped.hpp).
 #include <loom/checkpoint/mapped.hpp>
 
@@ -185,7 +185,7 @@ void copy_all(const TensorCopies& copies) {
   at::NoGradGuard no_grad;
   DeferredChecks* checks = t_current;
   // Pieces small enough that the CRC-32 reads what the copy just brought into the cache.
-  constexpr std::size_t kPiece = std::size_t{256} << 10;
+  constexpr std::size_t piece_bytes = std::size_t{256} << 10;
   struct Piece {
     char* dst;
     const char* src;
@@ -196,8 +196,8 @@ void copy_all(const TensorCopies& copies) {
   std::vector<Piece> pieces;
   for (const auto& [dst, src] : copies) {
     const std::size_t record =
-        checks != nullptr ? checks->whole_record(src) : DeferredChecks::kNone;
-    if (record == DeferredChecks::kNone || !plain_copy(dst, src)) {
+        checks != nullptr ? checks->whole_record(src) : DeferredChecks::no_record;
+    if (record == DeferredChecks::no_record || !plain_copy(dst, src)) {
       dst.copy_(src);  // a record copied this way is checked by finish()
       continue;
     }
@@ -205,8 +205,8 @@ void copy_all(const TensorCopies& copies) {
     auto* d = static_cast<char*>(dst.mutable_data_ptr());
     const auto* s = static_cast<const char*>(src.const_data_ptr());
     const auto n = static_cast<std::size_t>(dst.nbytes());
-    for (std::size_t at = 0; at < n; at += kPiece) {
-      pieces.push_back(Piece{d + at, s + at, std::min(kPiece, n - at), record, 0});
+    for (std::size_t at = 0; at < n; at += piece_bytes) {
+      pieces.push_back(Piece{d + at, s + at, std::min(piece_bytes, n - at), record, 0});
     }
     dst.unsafeGetTensorImpl()->bump_version();  // as copy_ does: autograd sees the change
   }
@@ -230,6 +230,11 @@ void copy_all(const TensorCopies& copies) {
   }
 }
 
+bool LoadPlan::may_adopt(const at::Tensor& source) {
+  return source.storage_offset() == 0 && source.storage().use_count() == 1 &&
+         source.storage().nbytes() == source.nbytes() && !is_mapped(source);
+}
+
 DeferredChecks::DeferredChecks(std::string note) : note_(std::move(note)), outer_(t_current) {
   t_current = this;
 }
@@ -246,11 +251,11 @@ void DeferredChecks::defer(std::string what, std::string name, at::Tensor bytes,
 }
 
 std::size_t DeferredChecks::whole_record(const at::Tensor& src) const {
-  if (!is_mapped(src) || !src.is_contiguous()) return kNone;
+  if (!is_mapped(src) || !src.is_contiguous()) return no_record;
   const auto it = by_data_.find(src.const_data_ptr());
-  if (it == by_data_.end()) return kNone;
+  if (it == by_data_.end()) return no_record;
   const Record& r = records_[it->second];
-  return !r.checked && r.bytes.nbytes() == src.nbytes() ? it->second : kNone;
+  return !r.checked && r.bytes.nbytes() == src.nbytes() ? it->second : no_record;
 }
 
 void DeferredChecks::fail(const Record& r) const {
@@ -281,7 +286,7 @@ void DeferredChecks::finish() {
     }
   };
   std::thread second;
-  if (total >= detail::kCheckAsideBytes && left.size() > 1 &&
+  if (total >= detail::check_aside_bytes && left.size() > 1 &&
       std::thread::hardware_concurrency() >= 2) {
     try {
       second = std::thread(work);

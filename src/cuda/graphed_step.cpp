@@ -174,8 +174,8 @@ struct GraphedStep::Impl {
 };
 
 GraphedStep::GraphedStep(int world_size, std::vector<at::Tensor> inputs,
-                         std::vector<std::reference_wrapper<torch::optim::Optimizer>> optimizers,
-                         Step step, GraphedStepOptions options)
+                         std::vector<OptimizerRef> optimizers, Step step,
+                         GraphedStepOptions options)
     : impl_(std::make_unique<Impl>()) {
   if (world_size != 1) {
     fail(

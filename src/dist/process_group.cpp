@@ -349,6 +349,19 @@ void ProcessGroup::agree(const std::string& failure, const std::string& what) {
   loom::detail::agree_on_failure(*this, state_->device, failure, what);
 }
 
+void ProcessGroup::save_on_rank_zero(const std::filesystem::path& path, const c10::IValue& value,
+                                     const checkpoint::CheckpointIO& io) {
+  require_connected("save_checkpoint");
+  if (!connected()) {  // one process: its own error
+    const std::string failure = loom::detail::failure_of([&] { io.save(path, value); });
+    if (!failure.empty()) throw Error(failure);
+    return;
+  }
+  loom::detail::agree_on(*this, "loom::save: writing " + path.string(), [&] {
+    if (rank() == 0) io.save(path, value);
+  });
+}
+
 void ProcessGroup::teardown() {
   auto& s = *state_;
   if (s.torn_down || s.failed) return;

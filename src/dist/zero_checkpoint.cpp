@@ -84,18 +84,16 @@ void remove_other_shards(const std::filesystem::path& path, const std::string& t
 
 }  // namespace
 
-void Zero::save_checkpoint(const std::filesystem::path& path, const c10::IValue& value,
+void Zero::save_checkpoint(const std::filesystem::path& path, const State& state,
                            const checkpoint::CheckpointIO& io) {
-  if (!process_group().connected() || !value.isGenericDict()) {
-    ddp_.save_checkpoint(path, value, io);
-    return;
-  }
+  ProcessGroup& group = process_group();
+  const state::Dict top = state::save_entries(state);  // every rank: the runtime's entry gathers
   // Each rank's optimizer entries hold the state of its shard's parameters (their ids are the
   // whole groups').
-  const auto top = value.toGenericDict();
-  const state::Dict mine = state::optimizer_states(top);
+  const state::Dict mine =
+      group.connected() ? state::optimizer_states(state, top) : state::new_dict();
   if (mine.empty()) {
-    ddp_.save_checkpoint(path, value, io);
+    group.save_on_rank_zero(path, c10::IValue(top), io);
     return;
   }
   if (options_.checkpoint == ZeroCheckpoint::Sharded) {
@@ -118,12 +116,12 @@ void Zero::save_checkpoint(const std::filesystem::path& path, const c10::IValue&
       index.numels.push_back(z.params[i].numel());
     }
     const auto own = checkpoint::shard_path(path, tag, rank(), world_size());
-    loom::detail::agree_on(process_group(),
-                           "loom::Zero: writing the shard " + own.filename().string(), [&] {
-                             if (rank() != 0) io.save(own, c10::IValue(mine));
-                           });
-    ddp_.save_checkpoint(path, rank() == 0 ? checkpoint::with_shard_index(value, index) : value,
-                         io);
+    loom::detail::agree_on(group, "loom::Zero: writing the shard " + own.filename().string(), [&] {
+      if (rank() != 0) io.save(own, c10::IValue(mine));
+    });
+    group.save_on_rank_zero(
+        path,
+        rank() == 0 ? checkpoint::with_shard_index(c10::IValue(top), index) : c10::IValue(top), io);
     if (rank() == 0) remove_other_shards(path, tag);
     return;
   }
@@ -135,16 +133,13 @@ void Zero::save_checkpoint(const std::filesystem::path& path, const c10::IValue&
   } catch (...) {
     fail("gathering the optimizer state on rank 0", std::current_exception());
   }
-  if (rank() != 0) {
-    ddp_.save_checkpoint(path, value, io);
-    return;
-  }
-  ddp_.save_checkpoint(path, c10::IValue(state::with_optimizer_states(top, all)), io);
+  group.save_on_rank_zero(
+      path, c10::IValue(rank() == 0 ? state::with_optimizer_states(top, all) : top), io);
 }
 
-c10::IValue Zero::load_checkpoint(const std::filesystem::path& path,
+c10::IValue Zero::load_checkpoint(const std::filesystem::path& path, const State& state,
                                   const checkpoint::CheckpointIO& io, c10::Device device) {
-  if (!process_group().connected()) return ddp_.load_checkpoint(path, io, device);
+  if (!process_group().connected()) return ddp_.load_checkpoint(path, state, io, device);
   // Every rank reads the main file; of a sharded checkpoint, every shard, or only its own when
   // this run partitions the parameters as the saving run did. Any rank's failure is every
   // rank's (a rank that went on alone would wait for the others at its next collective).

@@ -92,7 +92,7 @@ Quantized quantize(const at::Tensor& t, c10::ScalarType dtype, Scaling scaling) 
     throw Error("loom::fp8::quantize: Scaling::Delayed takes its scale from a ScaleSlot");
   }
   const double top = max_value(dtype);
-  const at::Tensor amax = detail::amax(t, scaling == Scaling::Rowwise).clamp_min_(kAmaxFloor);
+  const at::Tensor amax = detail::amax(t, scaling == Scaling::Rowwise).clamp_min_(amax_floor);
   const at::Tensor scale = at::reciprocal(amax).mul_(top);
   return {detail::cast(t, scale, dtype, top), at::reciprocal(scale)};
 }

@@ -24,26 +24,66 @@ namespace loom::loggers {
 
 namespace detail {
 
-fs::path log_dir_of(const fs::path& root, const LogDirOptions& o, int64_t& version) {
-  const fs::path base = o.name.empty() ? root : root / o.name;
-  if (o.version) {
-    if (*o.version < 0) throw Error("loom: a logger's version must be >= 0");
-    version = *o.version;
-  } else {
-    version = 0;
-    std::error_code ec;
-    if (fs::is_directory(base, ec)) {
-      for (const auto& e : fs::directory_iterator(base, ec)) {
-        const auto n = e.path().filename().string();
-        if (!e.is_directory(ec) || n.rfind("version_", 0) != 0 || n.size() == 8) continue;
-        if (!std::all_of(n.begin() + 8, n.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-          continue;
-        }
-        version = std::max<int64_t>(version, std::stoll(n.substr(8)) + 1);
+namespace {
+
+/// One more than the largest version_N under `base` (0 if none).
+int64_t next_version(const fs::path& base) {
+  int64_t version = 0;
+  std::error_code ec;
+  if (fs::is_directory(base, ec)) {
+    for (const auto& e : fs::directory_iterator(base, ec)) {
+      const auto n = e.path().filename().string();
+      if (!e.is_directory(ec) || n.rfind("version_", 0) != 0 || n.size() == 8) continue;
+      if (!std::all_of(n.begin() + 8, n.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        continue;
       }
+      version = std::max<int64_t>(version, std::stoll(n.substr(8)) + 1);
     }
   }
-  return base / ("version_" + std::to_string(version));
+  return version;
+}
+
+}  // namespace
+
+LogDir::LogDir(const fs::path& root, const LogDirOptions& options, const char* owner)
+    : base_(options.name.empty() ? root : root / options.name),
+      owner_(owner),
+      version_(options.version) {
+  if (version_ && *version_ < 0) throw Error("loom: a logger's version must be >= 0");
+}
+
+int64_t LogDir::version() const {
+  if (!version_) version_ = next_version(base_);
+  return *version_;
+}
+
+const fs::path& LogDir::path() const {
+  if (path_.empty()) path_ = base_ / ("version_" + std::to_string(version()));
+  return path_;
+}
+
+const fs::path& LogDir::make() {
+  if (made_) return path_;
+  const fs::path& dir = path();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec)
+    throw Error(std::string(owner_) + ": cannot create " + dir.string() + ": " + ec.message());
+  made_ = true;
+  return dir;
+}
+
+const fs::path& LogDir::switch_to(int64_t version) {
+  if (version < 0) throw Error(std::string(owner_) + ": a resumed version must be >= 0");
+  if (made_ && version_ == version) return path_;
+  if (made_) {  // the folder this run made before it knew: removed if nothing is in it
+    std::error_code ec;
+    if (fs::is_directory(path_, ec) && fs::is_empty(path_, ec)) fs::remove(path_, ec);
+  }
+  version_ = version;
+  path_.clear();
+  made_ = false;
+  return make();
 }
 
 std::string python_repr(double v) {
@@ -205,32 +245,14 @@ std::string yaml_value(const HyperValue& v) {
 
 }  // namespace
 
-fs::path detail::make_log_dir(const fs::path& root, const LogDirOptions& o, int64_t& version,
-                              bool create, const char* owner) {
-  fs::path dir = log_dir_of(root, o, version);
-  if (!create) return dir;
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw Error(std::string(owner) + ": cannot create " + dir.string() + ": " + ec.message());
-  return dir;
-}
-
-fs::path detail::switch_log_dir(const fs::path& current, int64_t version, const char* owner) {
-  if (version < 0) throw Error(std::string(owner) + ": a resumed version must be >= 0");
-  const fs::path dir = current.parent_path() / ("version_" + std::to_string(version));
-  std::error_code ec;
-  if (dir == current) return dir;
-  if (fs::is_directory(current, ec) && fs::is_empty(current, ec)) fs::remove(current, ec);
-  fs::create_directories(dir, ec);
-  if (ec) throw Error(std::string(owner) + ": cannot create " + dir.string() + ": " + ec.message());
-  return dir;
-}
-
 CsvLogger::CsvLogger(fs::path root_dir, const LogDirOptions& options)
     : Logger(LoggerOptions{options.flush_every, options.rank}),
-      log_dir_(detail::make_log_dir(root_dir, options, version_, writes(), "loom::CsvLogger")),
-      continue_on_resume_(options.continue_on_resume) {
-  if (!writes()) return;
+      dir_(root_dir, options, "loom::CsvLogger"),
+      continue_on_resume_(options.continue_on_resume) {}
+
+void CsvLogger::open() {
+  if (dir_.made()) return;
+  dir_.make();
   if (fs::exists(metrics_file())) {  // a version given again: go on after its rows
     std::ifstream in(metrics_file(), std::ios::binary);
     std::vector<std::string> header;
@@ -241,8 +263,7 @@ CsvLogger::CsvLogger(fs::path root_dir, const LogDirOptions& options)
 void CsvLogger::continue_version(int64_t version, int64_t step) {
   if (!writes() || !continue_on_resume_) return;
   flush();
-  log_dir_ = detail::switch_log_dir(log_dir_, version, "loom::CsvLogger");
-  version_ = version;
+  dir_.switch_to(version);
   keys_.clear();
   const auto path = metrics_file();
   if (!fs::exists(path)) return;
@@ -270,6 +291,7 @@ void CsvLogger::continue_version(int64_t version, int64_t step) {
 }
 
 void CsvLogger::write_rows(const std::vector<Row>& rows) {
+  open();
   std::vector<std::string> keys = keys_;
   for (const auto& row : rows) {
     for (const auto& [name, v] : row.values) {
@@ -323,7 +345,8 @@ void CsvLogger::write_rows(const std::vector<Row>& rows) {
 }
 
 void CsvLogger::write_hyperparams(const Hyperparams& params) {
-  detail::write_hparams_yaml(log_dir_ / "hparams.yaml", params);
+  open();
+  detail::write_hparams_yaml(log_dir() / "hparams.yaml", params);
 }
 
 void detail::write_hparams_yaml(const fs::path& file, const Hyperparams& params) {

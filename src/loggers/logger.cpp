@@ -1,14 +1,14 @@
 // loom::Logger, loom::MetricValue and loom::Loggers (include/loom/loggers/logger.hpp).
 #include <loom/loggers/logger.hpp>
 
+#include <algorithm>
 #include <chrono>
-#include <cstdlib>
+#include <iterator>
 #include <string>
 #include <utility>
 
 #include <ATen/ATen.h>
 
-#include <loom/detail/env.hpp>
 #include <loom/error.hpp>
 
 namespace loom::loggers {
@@ -32,12 +32,23 @@ MetricValue::MetricValue(const at::Tensor& t) : tensor_(t) {
 }
 
 Logger::Logger(const LoggerOptions& options)
-    : rank_(loom::detail::env_rank(options.rank, "loom::Logger")),
+    : rank_(options.rank.value_or(0)),
+      explicit_rank_(options.rank),
       flush_every_(options.flush_every) {
   if (flush_every_ < 1) {
     throw Error("loom::Logger: flush_every must be at least 1, got " +
                 std::to_string(flush_every_));
   }
+}
+
+void Logger::attach(int64_t rank) {
+  if (explicit_rank_ && *explicit_rank_ != rank) {
+    throw Error("loom::Logger: the logger was given rank " + std::to_string(*explicit_rank_) +
+                " (LoggerOptions::rank) but is attached to a runtime of rank " +
+                std::to_string(rank));
+  }
+  rank_ = rank;
+  if (!writes()) rows_.clear();  // never to be written
 }
 
 void Logger::add_row(Row row) {

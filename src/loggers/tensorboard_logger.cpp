@@ -49,23 +49,27 @@ std::string host_name() {
 
 TensorBoardLogger::TensorBoardLogger(fs::path root_dir, const LogDirOptions& options)
     : Logger(LoggerOptions{options.flush_every, options.rank}),
-      log_dir_(
-          detail::make_log_dir(root_dir, options, version_, writes(), "loom::TensorBoardLogger")),
-      continue_on_resume_(options.continue_on_resume) {
-  if (!writes()) return;
+      dir_(root_dir, options, "loom::TensorBoardLogger"),
+      continue_on_resume_(options.continue_on_resume) {}
+
+void TensorBoardLogger::open() {
+  if (out_ != nullptr) return;
+  dir_.make();
   open_event_file();
 }
 
 void TensorBoardLogger::continue_version(int64_t version, int64_t step) {
   if (!writes() || !continue_on_resume_) return;
   flush();
-  if (version != version_) {
-    if (out_ != nullptr) std::fclose(out_);
+  if (out_ != nullptr && version != dir_.version()) {
+    std::fclose(out_);
     out_ = nullptr;
     std::error_code ec;
     if (!wrote_rows_) fs::remove(file_, ec);  // only its first event: nothing to keep
-    log_dir_ = detail::switch_log_dir(log_dir_, version, "loom::TensorBoardLogger");
-    version_ = version;
+    wrote_rows_ = false;
+  }
+  if (out_ == nullptr) {
+    dir_.switch_to(version);
     open_event_file();
   }
   // SummaryWriter(purge_step): a START session log at the first step to come.
@@ -81,8 +85,8 @@ void TensorBoardLogger::open_event_file() {
   const double t = now_s();
   char name[64];
   std::snprintf(name, sizeof name, "events.out.tfevents.%010lld.", static_cast<long long>(t));
-  file_ = log_dir_ / (name + host_name() + "." + std::to_string(::getpid()) + "." +
-                      std::to_string(next_uid++));
+  file_ = log_dir() / (name + host_name() + "." + std::to_string(::getpid()) + "." +
+                       std::to_string(next_uid++));
   out_ = std::fopen(file_.c_str(), "wb");
   if (out_ == nullptr) {
     throw Error("loom::TensorBoardLogger: cannot create " + file_.string() + ": " +
@@ -119,6 +123,7 @@ void TensorBoardLogger::write_record(const std::string& data) {
 }
 
 void TensorBoardLogger::write_rows(const std::vector<Row>& rows) {
+  open();
   wrote_rows_ = wrote_rows_ || !rows.empty();
   tensorboard::Event e;
   for (const auto& row : rows) {
@@ -135,7 +140,8 @@ void TensorBoardLogger::write_rows(const std::vector<Row>& rows) {
 }
 
 void TensorBoardLogger::write_hyperparams(const Hyperparams& params) {
-  detail::write_hparams_yaml(log_dir_ / "hparams.yaml", params);
+  open();
+  detail::write_hparams_yaml(log_dir() / "hparams.yaml", params);
 }
 
 void TensorBoardLogger::sync_file() {

@@ -9,20 +9,15 @@
 
 #include <ATen/core/Dict.h>
 
+#include <loom/state/entry.hpp>
+
 namespace loom::state {
 
-bool is_optimizer_state(const c10::IValue& value) {
-  if (!value.isGenericDict()) return false;
-  const auto d = value.toGenericDict();
-  return d.size() == 2 && d.contains("state") && d.contains("param_groups");
-}
-
-Dict optimizer_states(const Dict& top) {
+Dict optimizer_states(const State& state, const Dict& top) {
   Dict out(c10::StringType::get(), c10::AnyType::get());
-  for (const auto& item : top) {
-    if (is_optimizer_state(item.value())) {
-      out.insert(item.key(), item.value().toGenericDict().at("state"));
-    }
+  for (const auto& e : state) {
+    if (e.kind() != EntryKind::Optimizer) continue;
+    if (auto states = optimizer_state_of(top, e.name())) out.insert(e.name(), *states);
   }
   return out;
 }

@@ -10,17 +10,14 @@
 
 #include <ATen/core/ivalue.h>
 
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
 
 namespace loom::state {
 
-/// Whether `value` is an optimizer's state in Python's layout: a dict of exactly "state" and
-/// "param_groups".
-bool is_optimizer_state(const c10::IValue& value);
-
-/// Of a checkpoint's top-level dict: each optimizer entry's "state" (its per-parameter
-/// states, by parameter id), by entry name. Empty when the checkpoint has no optimizer entry.
-Dict optimizer_states(const Dict& top);
+/// Of `top` (state::save_entries(state)): each optimizer entry's "state" (its per-parameter
+/// states, by parameter id), by entry name; the optimizer entries are those of kind
+/// EntryKind::Optimizer. Empty when `state` has no optimizer entry.
+Dict optimizer_states(const State& state, const Dict& top);
 
 /// A copy of `top` whose optimizer entries hold the states of every part of `parts` (each an
 /// optimizer_states() dict, a rank's), merged by parameter id in ascending order (a later

@@ -22,7 +22,7 @@
 #include <loom/concepts/precision_policy.hpp>
 #include <loom/concepts/strategy.hpp>
 #include <loom/guards.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
 
 namespace loom::testing {
 
@@ -194,11 +194,12 @@ struct StrategyArchetype {
     return clip(max_norm);
   }
   void save_checkpoint(
-      const std::filesystem::path& p, const c10::IValue& v,
+      const std::filesystem::path& p, const State& state,
       const checkpoint::CheckpointIO& io) requires(Missing != s_strategy_has_save_checkpoint) {
-    io.save(p, v);
+    io.save(p, c10::IValue(state::save_entries(state)));
   }
-  c10::IValue load_checkpoint(const std::filesystem::path& p, const checkpoint::CheckpointIO& io,
+  c10::IValue load_checkpoint(const std::filesystem::path& p, const State&,
+                              const checkpoint::CheckpointIO& io,
                               c10::Device d) requires(Missing != s_strategy_has_load_checkpoint) {
     return io.load(p, d);
   }

@@ -14,7 +14,7 @@
 #include <loom/dist/process_group.hpp>
 #include <loom/error.hpp>
 #include <loom/guards.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
 
 namespace loom_test {
 

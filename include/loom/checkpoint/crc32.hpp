@@ -65,7 +65,7 @@ uint32_t crc32_combine(uint32_t crc_a, uint32_t crc_b, std::size_t n_b);
 
 /// Records of this many bytes or more have their CRC-32 checked aside (on a second thread, or
 /// as they are copied: checkpoint/mapped.hpp); smaller ones at once.
-inline constexpr std::size_t kCheckAsideBytes = std::size_t{1} << 20;
+inline constexpr std::size_t check_aside_bytes = std::size_t{1} << 20;
 
 /// The error for record `name` of `what` whose bytes do not match the CRC-32 written with it;
 /// `note` ends the message.

@@ -70,6 +70,30 @@ using TensorCopies = std::vector<std::pair<at::Tensor, at::Tensor>>;
 /// loom::Error naming the record, thrown once every pair is copied.
 void copy_all(const TensorCopies& copies);
 
+/// A load's plan: state/ makes it while it checks a checkpoint's value against the run (which
+/// tensor of the run receives which tensor of the file, cast to the destination's dtype, and
+/// whether the file's own tensor may be kept), checkpoint/ runs it once every check passed
+/// (copy_all: the copies, each large record's CRC-32 read as it is copied). So a load that
+/// fails a check changes nothing, and only this folder knows what is mapped.
+class LoadPlan {
+ public:
+  /// `destination` (a tensor the run holds) gets `source`'s values in place, cast to its dtype,
+  /// when run() runs.
+  void copy(at::Tensor destination, at::Tensor source) {
+    copies_.emplace_back(std::move(destination), std::move(source));
+  }
+  /// Whether a tensor just read from a file may be kept as it is instead of copied (state/
+  /// has checked its shape, dtype, device and layout): it is the only user of its whole
+  /// storage and not a view of a mapped file.
+  static bool may_adopt(const at::Tensor& source);
+  /// Makes every copy (copy_all).
+  void run() const { copy_all(copies_); }
+  bool empty() const noexcept { return copies_.empty(); }
+
+ private:
+  TensorCopies copies_;
+};
+
 /// While one lives on this thread, mapped reads (load_value with LoadOptions::map) leave the
 /// CRC-32 checks of their records of 1 MiB or more to it instead of making them before they
 /// return (smaller records, the pickle among them, are still checked at once): copy_all checks
@@ -96,6 +120,30 @@ class DeferredChecks {
 
  private:
   friend void copy_all(const TensorCopies& copies);
+
+  /// A load's plan: state/ makes it while it checks a checkpoint's value against the run (which
+  /// tensor of the run receives which tensor of the file, cast to the destination's dtype, and
+  /// whether the file's own tensor may be kept), checkpoint/ runs it once every check passed
+  /// (copy_all: the copies, each large record's CRC-32 read as it is copied). So a load that
+  /// fails a check changes nothing, and only this folder knows what is mapped.
+  class LoadPlan {
+   public:
+    /// `destination` (a tensor the run holds) gets `source`'s values in place, cast to its dtype,
+    /// when run() runs.
+    void copy(at::Tensor destination, at::Tensor source) {
+      copies_.emplace_back(std::move(destination), std::move(source));
+    }
+    /// Whether a tensor just read from a file may be kept as it is instead of copied (state/
+    /// has checked its shape, dtype, device and layout): it is the only user of its whole
+    /// storage and not a view of a mapped file.
+    static bool may_adopt(const at::Tensor& source);
+    /// Makes every copy (copy_all).
+    void run() const { copy_all(copies_); }
+    bool empty() const noexcept { return copies_.empty(); }
+
+   private:
+    TensorCopies copies_;
+  };
   struct Record {
     std::string what;
     std::string name;
@@ -103,8 +151,8 @@ class DeferredChecks {
     uint32_t expected;
     bool checked = false;
   };
-  static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
-  /// The index of the unchecked record `src` is the whole of, or kNone.
+  static constexpr std::size_t no_record = static_cast<std::size_t>(-1);
+  /// The index of the unchecked record `src` is the whole of, or no_record.
   std::size_t whole_record(const at::Tensor& src) const;
   [[noreturn]] void fail(const Record& r) const;
 

@@ -441,7 +441,7 @@ class PickleReader {
 
   std::size_t floor() const { return marks_.empty() ? 0 : marks_.back(); }
   void push(Item it) {
-    if (stack_.size() >= kMaxStack) fail("the stack grows past " + std::to_string(kMaxStack));
+    if (stack_.size() >= max_stack) fail("the stack grows past " + std::to_string(max_stack));
     if (it.depth > max_depth) too_deep();
     stack_.push_back(std::move(it));
   }
@@ -545,8 +545,8 @@ class PickleReader {
   // A memo hit on a list or dict is copied, so no input can make a container hold itself; the
   // copies are counted against a budget, so no small input can make a huge value.
   c10::IValue copy(const c10::IValue& v) {
-    if (++copied_ > kMaxCopied)
-      fail("shared containers copied past " + std::to_string(kMaxCopied) + " elements");
+    if (++copied_ > max_copied)
+      fail("shared containers copied past " + std::to_string(max_copied) + " elements");
     if (v.isList()) {
       c10::impl::GenericList out(c10::AnyType::get());
       for (const auto& e : v.toListRef()) out.push_back(copy(e));
@@ -565,8 +565,8 @@ class PickleReader {
     return v;  // scalars, strings, tensors (tensors share, as in Python)
   }
   void memo_put(uint64_t key) {
-    if (memo_.size() >= kMaxMemo && !memo_.count(key))
-      fail("the memo grows past " + std::to_string(kMaxMemo));
+    if (memo_.size() >= max_memo && !memo_.count(key))
+      fail("the memo grows past " + std::to_string(max_memo));
     memo_[key] = top();
   }
   void memo_get(uint64_t key) {
@@ -822,7 +822,7 @@ class PickleReader {
     const auto& key = pid[2].v.toStringRef();
     const auto numel = pid[4].v.toInt();
     const int64_t elem = typed ? static_cast<int64_t>(c10::elementSize(pid[1].type)) : 1;
-    if (numel < 0 || numel > kMaxBytes / elem)
+    if (numel < 0 || numel > max_bytes / elem)
       fail("a storage of " + std::to_string(numel) + " elements");
     Item it;
     it.kind = Item::Kind::Storage;
@@ -914,13 +914,13 @@ class PickleReader {
       if (!v.isTuple()) fail(f + "'s " + what + " is not a tuple");
       std::vector<int64_t> out;
       for (const auto& e : v.toTupleRef().elements()) {
-        if (!e.isInt() || e.toInt() < 0 || e.toInt() > kMaxBytes)
+        if (!e.isInt() || e.toInt() < 0 || e.toInt() > max_bytes)
           fail(f + "'s " + what + " holds a bad value");
         out.push_back(e.toInt());
       }
       return out;
     };
-    if (!offset.isInt() || offset.toInt() < 0 || offset.toInt() > kMaxBytes)
+    if (!offset.isInt() || offset.toInt() < 0 || offset.toInt() > max_bytes)
       fail(f + "'s offset is bad");
     if (!requires_grad.isBool()) fail(f + "'s requires_grad is not a bool");
     const auto size = ints(sizes, "sizes");
@@ -931,12 +931,12 @@ class PickleReader {
     const auto capacity = static_cast<int64_t>(storage.nbytes()) / elem;
     int64_t numel = 1, last = offset.toInt();  // the highest element the view reaches
     for (std::size_t i = 0; i < size.size(); ++i) {
-      if (size[i] != 0 && numel > kMaxBytes / size[i]) fail(f + ": too many elements");
+      if (size[i] != 0 && numel > max_bytes / size[i]) fail(f + ": too many elements");
       numel *= size[i];
     }
     if (numel > 0) {
       for (std::size_t i = 0; i < size.size(); ++i) {
-        if (size[i] > 1 && stride[i] > (kMaxBytes - last) / (size[i] - 1))
+        if (size[i] > 1 && stride[i] > (max_bytes - last) / (size[i] - 1))
           fail(f + ": a stride out of range");
         last += (size[i] - 1) * stride[i];
       }
@@ -951,8 +951,8 @@ class PickleReader {
     return t;
   }
 
-  static constexpr std::size_t kMaxStack = std::size_t{1} << 20, kMaxMemo = std::size_t{1} << 22;
-  static constexpr int64_t kMaxBytes = int64_t{1} << 48, kMaxCopied = int64_t{1} << 22;
+  static constexpr std::size_t max_stack = std::size_t{1} << 20, max_memo = std::size_t{1} << 22;
+  static constexpr int64_t max_bytes = int64_t{1} << 48, max_copied = int64_t{1} << 22;
 
   std::string_view data_;
   std::size_t pos_ = 0;

@@ -13,6 +13,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <loom/optim/fused.hpp>
+#include <loom/step_result.hpp>
 
 namespace loom::cuda {
 
@@ -56,20 +57,18 @@ struct GraphedStepOptions {
 class GraphedStep {
  public:
   using Step = std::function<at::Tensor(const std::vector<at::Tensor>& inputs)>;
-  using OptimizerList = std::initializer_list<std::reference_wrapper<torch::optim::Optimizer>>;
 
   /// `inputs`: the static input buffers, all on the runtime's device; `optimizers`: those the
   /// step steps; `step`: the step, called with `inputs`, returning its output (the loss).
   template <class Runtime>
-  GraphedStep(Runtime& rt, std::vector<at::Tensor> inputs, OptimizerList optimizers, Step step,
+  GraphedStep(Runtime& rt, std::vector<at::Tensor> inputs,
+              std::initializer_list<OptimizerRef> optimizers, Step step,
               GraphedStepOptions options = {})
       : GraphedStep(rt.strategy().world_size(), std::move(inputs),
-                    std::vector<std::reference_wrapper<torch::optim::Optimizer>>(optimizers),
-                    std::move(step), options) {}
+                    std::vector<OptimizerRef>(optimizers), std::move(step), options) {}
 
-  GraphedStep(int world_size, std::vector<at::Tensor> inputs,
-              std::vector<std::reference_wrapper<torch::optim::Optimizer>> optimizers, Step step,
-              GraphedStepOptions options = {});
+  GraphedStep(int world_size, std::vector<at::Tensor> inputs, std::vector<OptimizerRef> optimizers,
+              Step step, GraphedStepOptions options = {});
   ~GraphedStep();
   GraphedStep(GraphedStep&&) noexcept;
   GraphedStep& operator=(GraphedStep&&) noexcept;

@@ -13,8 +13,8 @@
 #include <torch/types.h>
 
 #include <loom/error.hpp>
-#include <loom/state/reader.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
+#include <loom/state_reader.hpp>
 
 namespace loom::data {
 

@@ -3,7 +3,7 @@
 #include <concepts>
 
 #include <loom/detail/rows.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
 
 namespace loom::detail {
 

@@ -2,8 +2,6 @@
 // Reading the environment variables a launcher such as torchrun sets, strictly: a typo must be
 // an error, never a silent default.
 #include <charconv>
-#include <climits>
-#include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -28,13 +26,6 @@ inline std::optional<int> parse_env_index(const char* text, std::string_view who
                 "\", not a whole number from 0 to " + std::to_string(max));
   }
   return value;
-}
-
-/// The process's global rank for rank-0-only output: `given` when set, else the RANK variable
-/// a launcher such as torchrun sets (strictly: "abc" is a loom::Error naming `who`), else 0.
-inline int64_t env_rank(std::optional<int64_t> given, std::string_view who) {
-  if (given) return *given;
-  return parse_env_index(std::getenv("RANK"), who, "RANK", INT_MAX).value_or(0);
 }
 
 }  // namespace loom::detail

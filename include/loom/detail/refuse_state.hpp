@@ -3,8 +3,8 @@
 #include <string_view>
 #include <vector>
 
-#include <loom/state/reader.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
+#include <loom/state_reader.hpp>
 
 namespace loom::detail {
 

@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include <loom/state/reader.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
+#include <loom/state_reader.hpp>
 
 namespace loom::detail {
 

@@ -16,7 +16,7 @@
 #include <loom/detail/checkpointable_rows.hpp>
 #include <loom/detail/meta.hpp>
 #include <loom/detail/rows.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
 #include <loom/step_result.hpp>
 
 namespace torch::nn {
@@ -140,14 +140,15 @@ concept strategy_has_clip_gradients = requires(S& s, torch::optim::Optimizer& o,
 };
 template <class S>
 concept strategy_has_save_checkpoint = requires(S& s, const std::filesystem::path& p,
-                                                const c10::IValue& v,
+                                                const State& state,
                                                 const checkpoint::CheckpointIO& io) {
-  { s.save_checkpoint(p, v, io) } -> std::same_as<void>;
+  { s.save_checkpoint(p, state, io) } -> std::same_as<void>;
 };
 template <class S>
 concept strategy_has_load_checkpoint = requires(S& s, const std::filesystem::path& p,
+                                                const State& state,
                                                 const checkpoint::CheckpointIO& io, c10::Device d) {
-  { s.load_checkpoint(p, io, d) } -> std::same_as<c10::IValue>;
+  { s.load_checkpoint(p, state, io, d) } -> std::same_as<c10::IValue>;
 };
 
 // clang-format off
@@ -189,10 +190,10 @@ concept strategy_has_load_checkpoint = requires(S& s, const std::filesystem::pat
     "`loom::GradNorm clip_gradients(torch::optim::Optimizer&, double max_norm, "                \
     "double norm_type, Clip&& clip)`")                                                          \
   X(__VA_ARGS__, strategy_has_save_checkpoint,                                                  \
-    "`void save_checkpoint(const std::filesystem::path&, const c10::IValue&, "                  \
+    "`void save_checkpoint(const std::filesystem::path&, const loom::State&, "                  \
     "const loom::checkpoint::CheckpointIO&)`")                                                  \
   X(__VA_ARGS__, strategy_has_load_checkpoint,                                                  \
-    "`c10::IValue load_checkpoint(const std::filesystem::path&, "                               \
+    "`c10::IValue load_checkpoint(const std::filesystem::path&, const loom::State&, "           \
     "const loom::checkpoint::CheckpointIO&, torch::Device)`")                                   \
   LOOM_DETAIL_COLLECTIVES_ROWS(X, __VA_ARGS__)
 

@@ -6,8 +6,8 @@
 
 #include <loom/device/defaults.hpp>
 #include <loom/device/rng.hpp>
-#include <loom/state/reader.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
+#include <loom/state_reader.hpp>
 
 namespace loom::device {
 

@@ -22,8 +22,8 @@
 #include <loom/device/prefetch.hpp>
 #include <loom/device/rng.hpp>
 #include <loom/error.hpp>
-#include <loom/state/reader.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
+#include <loom/state_reader.hpp>
 
 namespace loom::device {
 

@@ -12,7 +12,7 @@
 #include <loom/device/optimizer_state.hpp>
 #include <loom/device/prefetch.hpp>
 #include <loom/error.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
 
 namespace loom::device {
 

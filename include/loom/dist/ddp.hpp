@@ -21,7 +21,7 @@
 
 #include <loom/concepts/strategy.hpp>
 #include <loom/dist/process_group.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
 #include <loom/step_result.hpp>
 
 namespace torch::nn {

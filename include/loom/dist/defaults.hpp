@@ -15,7 +15,7 @@
 #include <loom/detail/refuse_state.hpp>
 #include <loom/error.hpp>
 #include <loom/guards.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
 #include <loom/step_result.hpp>
 
 namespace torch::nn {
@@ -99,17 +99,22 @@ struct Defaults {
     return std::forward<Clip>(clip)(max_norm);
   }
 
-  /// Writes a checkpoint's value through `io` (rt.save). One process: it writes. A distributed
-  /// strategy decides which ranks write (Ddp: rank 0) and how a failed write reaches every rank
-  /// (Ddp: a loom::Error on all of them); a sharded one may write each rank's part.
-  void save_checkpoint(const std::filesystem::path& path, const c10::IValue& value,
+  /// rt.save: saves `state`'s entries (state::save_entries, on every rank) and writes the value
+  /// through `io`. One process: it writes. A distributed strategy decides which ranks write
+  /// (Ddp: rank 0) and how a failed write reaches every rank (Ddp: a loom::Error on all of
+  /// them); a sharded one picks entries by their kind() (Zero: the optimizers) and may write
+  /// each rank's part.
+  void save_checkpoint(const std::filesystem::path& path, const State& state,
                        const checkpoint::CheckpointIO& io) {
-    io.save(path, value);
+    io.save(path, c10::IValue(state::save_entries(state)));
   }
-  /// Reads a checkpoint's value through `io` (rt.load), tensors on `device`: every process
-  /// reads the whole file, and a sharded checkpoint's other files (checkpoint/shards.hpp).
-  c10::IValue load_checkpoint(const std::filesystem::path& path, const checkpoint::CheckpointIO& io,
-                              c10::Device device) {
+  /// rt.load: reads the value `state`'s entries then load from (rt.load does) through `io`,
+  /// tensors on `device`: every process reads the whole file, and a sharded checkpoint's
+  /// other files (checkpoint/shards.hpp). A strategy that holds entries in its own layout
+  /// (sharded modules) finds them by kind() in `state`.
+  c10::IValue load_checkpoint(const std::filesystem::path& path, const State& state,
+                              const checkpoint::CheckpointIO& io, c10::Device device) {
+    (void)state;
     return checkpoint::merge_shards(path, io.load(path, device), io, device);
   }
 

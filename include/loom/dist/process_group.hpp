@@ -21,10 +21,9 @@
 
 #include <loom/checkpoint/checkpoint_io.hpp>
 #include <loom/concepts/strategy.hpp>
-#include <loom/detail/agree_on_failure.hpp>
 #include <loom/dist/defaults.hpp>
 #include <loom/error.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
 
 namespace loom::dist {
 
@@ -143,6 +142,12 @@ class ProcessGroup {
   /// REASON" for the lowest such rank R; one all-reduce of one element when none did.
   void agree(const std::string& failure, const std::string& what);
 
+  /// Writes `value` to `path` through `io` on rank 0 (one process: itself); every rank returns
+  /// once it is written, and a failed write is a loom::Error on every rank (rank 0's message
+  /// there, elsewhere one naming the file). A run of several processes must be connected.
+  void save_on_rank_zero(const std::filesystem::path& path, const c10::IValue& value,
+                         const checkpoint::CheckpointIO& io);
+
   /// What a strategy does with an exception from a collective it ran on the group: a misuse
   /// becomes loom::Error with a hint; a failed collective abandons the group, holds the roll
   /// call and throws loom::CollectiveError naming `what`.
@@ -212,21 +217,12 @@ struct GroupDefaults : Defaults<Self> {
   }
   void agree(const std::string& failure, const std::string& what) { group().agree(failure, what); }
 
-  /// rt.save: rank 0 writes through `io`; every rank returns once the file is written, and a
-  /// failed write is a loom::Error on every rank (rank 0's message there, elsewhere one naming
-  /// the file). Reading (rt.load) is Defaults': every rank reads the whole file.
-  void save_checkpoint(const std::filesystem::path& path, const c10::IValue& value,
+  /// rt.save: every rank saves `state`'s entries, rank 0 writes them through `io`
+  /// (ProcessGroup::save_on_rank_zero). Reading (rt.load) is Defaults': every rank reads the
+  /// whole file.
+  void save_checkpoint(const std::filesystem::path& path, const State& state,
                        const checkpoint::CheckpointIO& io) {
-    ProcessGroup& g = group();
-    g.require_connected("save_checkpoint");
-    if (!g.connected()) {  // one process: its own error
-      const std::string failure = loom::detail::failure_of([&] { io.save(path, value); });
-      if (!failure.empty()) throw Error(failure);
-      return;
-    }
-    loom::detail::agree_on(g, "loom::save: writing " + path.string(), [&] {
-      if (g.rank() == 0) io.save(path, value);
-    });
+    group().save_on_rank_zero(path, c10::IValue(state::save_entries(state)), io);
   }
 
   void teardown() { group().teardown(); }

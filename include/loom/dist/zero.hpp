@@ -21,7 +21,7 @@
 #include <loom/checkpoint/checkpoint_io.hpp>
 #include <loom/concepts/strategy.hpp>
 #include <loom/dist/ddp.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
 #include <loom/step_result.hpp>
 
 namespace torch::nn {
@@ -186,15 +186,16 @@ class Zero : public GroupDefaults<Zero> {
   /// What this rank holds now: the module's parameters, its gradients, `optimizer`'s state.
   ShardMemory memory(const torch::optim::Optimizer& optimizer) const;
 
-  /// rt.save: consolidated, the optimizer entries' states of every rank gathered on rank 0,
-  /// which writes; sharded, each rank writes its own (rank 0 the main file with the index, last).
-  void save_checkpoint(const std::filesystem::path& path, const c10::IValue& value,
+  /// rt.save: the optimizer entries (kind() EntryKind::Optimizer) hold this rank's shard;
+  /// consolidated, every rank's states gathered on rank 0, which writes; sharded, each rank
+  /// writes its own (rank 0 the main file with the index, last).
+  void save_checkpoint(const std::filesystem::path& path, const State& state,
                        const checkpoint::CheckpointIO& io);
   /// rt.load: every rank reads the main file and the shard files it needs (all of them, or
   /// its own when the partition is the saving run's); a failure on any rank is a loom::Error
   /// on every rank. Other shards' state goes at the next step.
-  c10::IValue load_checkpoint(const std::filesystem::path& path, const checkpoint::CheckpointIO& io,
-                              c10::Device device);
+  c10::IValue load_checkpoint(const std::filesystem::path& path, const State& state,
+                              const checkpoint::CheckpointIO& io, c10::Device device);
 
   /// Stage 1: the reducer's bucket layout (Ddp::state_dict); stage 2: empty.
   StateDict state_dict() const { return ddp_.state_dict(); }

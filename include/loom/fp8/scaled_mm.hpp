@@ -29,7 +29,7 @@ enum class Scaling {
 double max_value(c10::ScalarType dtype);
 
 /// The smallest amax a scale is computed from (torchao's EPS): an all-zero operand stays zero.
-inline constexpr double kAmaxFloor = 1e-12;
+inline constexpr double amax_floor = 1e-12;
 
 /// An operand in fp8 and its dequantisation scale: the value is about data * inv_scale.
 struct Quantized {

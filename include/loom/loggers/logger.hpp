@@ -51,7 +51,8 @@ struct LoggerOptions {
   /// A flush after each logged step s with (s + 1) % flush_every == 0 (Lightning's
   /// flush_logs_every_n_steps); a flush reads the buffered tensors with one copy per device.
   int64_t flush_every = 100;
-  /// The process's rank; only rank 0 writes. Unset: the RANK variable torchrun sets, else 0.
+  /// The process's rank; only rank 0 writes. Unset: 0 until rt.add_logger gives the logger
+  /// its runtime's strategy's rank (Logger::attach). No environment variable is read.
   std::optional<int64_t> rank = std::nullopt;
 };
 
@@ -62,9 +63,11 @@ struct LoggerOptions {
 ///   rt.log("train/loss", loss, step);       // a device tensor: copied, read at the flush
 ///   rt.log_dict({{"lr", lr}, {"epoch", epoch}}, step);
 ///
-/// On other ranks every call returns at once and nothing is read, written or created. A
-/// derived logger writes rows (write_rows) and hyper-parameters (write_hyperparams), and calls
-/// close() in its destructor, which flushes what is left.
+/// Its rank is the strategy's, given by rt.add_logger (attach), or LoggerOptions::rank; a logger
+/// with neither is rank 0. On other ranks every call returns at once and nothing is read,
+/// written or created. A derived logger writes rows (write_rows) and hyper-parameters
+/// (write_hyperparams), makes its files at the first of those (never in its constructor), and
+/// calls close() in its destructor, which flushes what is left.
 class Logger {
  public:
   virtual ~Logger() = default;
@@ -86,14 +89,21 @@ class Logger {
   /// Whether this process writes (rank 0).
   bool writes() const noexcept { return rank_ == 0; }
   int64_t rank() const noexcept { return rank_; }
+  /// Gives the logger the process's rank: rt.add_logger calls it with the runtime's strategy's
+  /// rank (Lightning's loggers take rank_zero_only.rank from the strategy). Without
+  /// LoggerOptions::rank the logger takes `rank`; with it, `rank` must be that rank, else a
+  /// loom::Error naming both (a logger built for one rank added to another rank's runtime).
+  /// A logger that stops writing drops the rows it buffered; call it before logging.
+  void attach(int64_t rank);
   int64_t flush_every() const noexcept { return flush_every_; }
   /// How many rows wait for the next flush.
   std::size_t buffered() const noexcept { return rows_.size(); }
 
   /// The highest step logged so far (-1: none).
   int64_t last_step() const noexcept { return last_step_; }
-  /// The N of the ROOT/NAME/version_N folder this logger writes into; -1 when it has none
-  /// (a logger that writes elsewhere, or a rank other than 0). A checkpoint's runtime entry
+  /// The N of the ROOT/NAME/version_N folder this logger writes into (decided when first
+  /// asked, the folder made at the first write); -1 when it has none (a logger that writes
+  /// elsewhere, or a rank other than 0). A checkpoint's runtime entry
   /// ({"runtime", rt}) records it, with last_step(), for each logger of the runtime.
   virtual int64_t version_in_use() const { return -1; }
   /// A resumed run (that entry loaded): writes on into version `version` after step `step`,
@@ -127,6 +137,7 @@ class Logger {
   void add_row(Row row);
 
   int64_t rank_;
+  std::optional<int64_t> explicit_rank_;  // LoggerOptions::rank
   int64_t flush_every_;
   int64_t last_step_ = -1;
   std::vector<Row> rows_;

@@ -2,7 +2,7 @@
 // loom::ProgressBar: a training progress bar in the spirit of Lightning's and tqdm's, printed
 // by rank 0 only.
 //
-//   loom::ProgressBar bar(total_steps, 100, "train", {.initial = resumed_step});
+//   loom::ProgressBar bar(rt, total_steps, 100, "train", {.initial = resumed_step});
 //   for (...) { ...; bar.step(batch_size, loss); }   // loss: a tensor, read only to print
 //   bar.finish();                                    // total <= 0: no bar and no ETA
 //
@@ -10,13 +10,15 @@
 //   train  420/938 [##########............]  45%  loss 0.4821  38211 samples/s  ETA 0:05
 // Elsewhere (ctest, pipes, CI logs) a redrawn line would be one huge line of '\r's, so it
 // prints plain lines with the same fields every `every` steps, at least every 2 s, and once
-// more at the end.
+// more at the end. Given the runtime, it prints where rt.strategy().rank() is 0; without it,
+// where ProgressBarOptions::rank is 0 or unset (no environment variable is read).
 // The loss shown is the mean of the last 20 steps, as Lightning's bar shows it: one step's
 // loss is too noisy to read. A loss given as a tensor (on any device) is kept as it is and
 // read when a line is printed, all the kept ones in one copy: no host sync per step.
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -29,14 +31,15 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
-#include <loom/detail/env.hpp>
+#include <loom/error.hpp>
 
 namespace loom::loggers {
 
 /// Where and by whom a ProgressBar prints.
 struct ProgressBarOptions {
   std::FILE* out = stdout;  ///< a terminal redraws one line; anything else gets plain lines
-  /// Only rank 0 prints; unset: the RANK variable torchrun sets, else 0.
+  /// Only rank 0 prints; unset: the runtime's strategy's rank where the bar is given the
+  /// runtime (ProgressBar(rt, ...)), else 0.
   std::optional<int64_t> rank = std::nullopt;
   /// The steps done before this bar started (tqdm's `initial`): a resumed run's step. The
   /// count and the bar start there; samples/s and the ETA count only the steps made since.
@@ -55,12 +58,23 @@ class ProgressBar {
         label_(std::move(label)),
         out_(options.out),
         tty_(isatty(fileno(options.out)) != 0),
-        quiet_(loom::detail::env_rank(options.rank, "loom::ProgressBar") != 0),
+        quiet_(options.rank.value_or(0) != 0),
         start_(Clock::now()),
         last_line_(start_),
         initial_(std::max<int64_t>(options.initial, 0)),
         steps_(initial_),
         printed_step_(initial_) {}
+  /// The same, printing on rank 0 of `rt`'s strategy only (a loom::Runtime, or anything with
+  /// strategy().rank()): the bar of a Ddp run prints once. An options.rank other than that
+  /// rank is a loom::Error naming both.
+  template <class R>
+  requires requires(const R& r) {
+    { r.strategy().rank() } -> std::convertible_to<int64_t>;
+  }
+  ProgressBar(const R& rt, int64_t total, int64_t every = 100, std::string label = "train",
+              ProgressBarOptions options = {})
+      : ProgressBar(total, every, std::move(label),
+                    with_rank(options, static_cast<int64_t>(rt.strategy().rank()))) {}
 
   ProgressBar(const ProgressBar&) = delete;
   ProgressBar& operator=(const ProgressBar&) = delete;
@@ -130,6 +144,14 @@ class ProgressBar {
 
  private:
   using Clock = std::chrono::steady_clock;
+  static ProgressBarOptions with_rank(ProgressBarOptions options, int64_t rank) {
+    if (options.rank && *options.rank != rank) {
+      throw Error("loom::ProgressBar: the options give rank " + std::to_string(*options.rank) +
+                  " but the runtime's strategy has rank " + std::to_string(rank));
+    }
+    options.rank = rank;
+    return options;
+  }
   static double seconds(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
   }

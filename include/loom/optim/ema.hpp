@@ -17,8 +17,8 @@
 
 #include <loom/detail/module_tensors.hpp>
 #include <loom/error.hpp>
-#include <loom/state/reader.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
+#include <loom/state_reader.hpp>
 
 namespace loom::optim {
 

@@ -7,7 +7,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <loom/optim/lr_scheduler_base.hpp>
-#include <loom/state/reader.hpp>
+#include <loom/state_reader.hpp>
 
 namespace loom::optim {
 

@@ -27,8 +27,8 @@
 
 #include <loom/error.hpp>
 #include <loom/optim/optimizer_table.hpp>
-#include <loom/state/reader.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
+#include <loom/state_reader.hpp>
 #include <loom/step_result.hpp>
 
 namespace loom::optim {

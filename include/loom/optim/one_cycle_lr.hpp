@@ -14,7 +14,7 @@
 #include <loom/optim/lr_scheduler_base.hpp>
 #include <loom/optim/optimizer_table.hpp>
 #include <loom/optim/optimizer_traits.hpp>
-#include <loom/state/reader.hpp>
+#include <loom/state_reader.hpp>
 
 namespace loom::optim {
 

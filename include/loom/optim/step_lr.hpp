@@ -8,7 +8,7 @@
 
 #include <loom/error.hpp>
 #include <loom/optim/lr_scheduler_base.hpp>
-#include <loom/state/reader.hpp>
+#include <loom/state_reader.hpp>
 
 namespace loom::optim {
 

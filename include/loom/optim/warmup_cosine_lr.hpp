@@ -12,7 +12,7 @@
 #include <loom/optim/cosine_annealing_lr.hpp>
 #include <loom/optim/linear_lr.hpp>
 #include <loom/optim/lr_scheduler_base.hpp>
-#include <loom/state/reader.hpp>
+#include <loom/state_reader.hpp>
 
 namespace loom::optim {
 

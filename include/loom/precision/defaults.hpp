@@ -11,7 +11,7 @@
 #include <loom/detail/precision_defaults.hpp>
 #include <loom/detail/refuse_state.hpp>
 #include <loom/guards.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
 #include <loom/step_result.hpp>
 
 namespace loom::precision {

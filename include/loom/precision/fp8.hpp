@@ -25,8 +25,8 @@
 #include <loom/fp8/module.hpp>
 #include <loom/precision/cast.hpp>
 #include <loom/precision/mixed.hpp>
-#include <loom/state/reader.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
+#include <loom/state_reader.hpp>
 #include <loom/step_result.hpp>
 
 namespace loom::precision {

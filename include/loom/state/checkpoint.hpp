@@ -4,10 +4,11 @@
 // translation unit that trains without checkpoints never parses it; this header (or
 // <loom/loom.hpp>) brings it in.
 //
-//   save  value = {name: entry.save() for each entry}          state/entry.hpp
-//         rt.strategy().save_checkpoint(path, value, TorchFile)  who writes: dist/
+//   save  rt.strategy().save_checkpoint(path, state, TorchFile)   who writes: dist/
+//           the strategy gets the typed entries (each one's kind(): a module, an optimizer...)
+//           and saves them, state::save_entries(state) = {name: entry.save()}, or splits them
 //           (save_state; Checkpoints' asynchronous saves pass an AsyncFile)
-//   load  value = rt.strategy().load_checkpoint(path, TorchFile, rt.device().device())
+//   load  value = rt.strategy().load_checkpoint(path, state, TorchFile, rt.device().device())
 //           (the file mapped: checkpoint/mapped.hpp)
 //         entry.load(value[name], options) for each entry; the rest is returned once every
 //           record's CRC-32 is checked (DeferredChecks: the large ones as they are copied)
@@ -23,29 +24,19 @@
 #include <loom/detail/checkpoint_files.hpp>
 #include <loom/error.hpp>
 #include <loom/state/entry.hpp>
-#include <loom/state/state_dict.hpp>
 #include <loom/state/values.hpp>
+#include <loom/state_dict.hpp>
 
 namespace loom::state {
 
-/// The value of a file rt.save writes: {name: value} for every entry, in order.
-inline Dict save_entries(const State& state) {
-  Dict d = new_dict();
-  for (const auto& e : state) {
-    if (has(d, e.name())) throw Error("loom::save: the state names '" + e.name() + "' twice");
-    d.insert(e.name(), e.save());
-  }
-  return d;
-}
-
 /// How a State becomes a file, for rt.save and loom::Checkpoints' asynchronous saves alike: the
-/// entries' values handed to the strategy, which decides which ranks write them through `io`
-/// (rt.save: TorchFile; Checkpoints: AsyncFile, which copies now and writes later).
+/// entries handed to the strategy, which saves them (state::save_entries) and decides which
+/// ranks write what through `io` (rt.save: TorchFile; Checkpoints: AsyncFile, which copies now
+/// and writes later).
 template <class R>
 void save_state(R& rt, const std::filesystem::path& path, const State& state,
                 const checkpoint::CheckpointIO& io) {
-  const c10::IValue value(save_entries(state));
-  rt.strategy().save_checkpoint(path, value, io);
+  rt.strategy().save_checkpoint(path, state, io);
 }
 
 /// Loads every entry of `state` from `value` (read from `where`) and returns the file's other
@@ -125,7 +116,7 @@ struct checkpoint_files<State> {
     // where it failed; errors of other types pass as they are.
     c10::IValue value;
     try {
-      value = rt.strategy().load_checkpoint(path, file, rt.device().device());
+      value = rt.strategy().load_checkpoint(path, state, file, rt.device().device());
     } catch (const CollectiveError& e) {
       throw collective_misuse("loom::load(" + path.string() + ")", "rt.load(...)", e);
     } catch (const CheckpointUnreadable&) {

@@ -71,8 +71,8 @@
 #include <loom/state/module.hpp>
 #include <loom/state/optimizer.hpp>
 #include <loom/state/runtime.hpp>
-#include <loom/state/state_dict.hpp>
 #include <loom/state/values.hpp>
+#include <loom/state_dict.hpp>
 
 namespace loom {
 

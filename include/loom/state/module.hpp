@@ -41,7 +41,7 @@ inline void load_module_state(torch::nn::Module& module, const c10::IValue& stat
   const Dict d = as_dict(state, path);
   const auto own = module_tensors(module);
   std::vector<std::string> missing, unexpected, wrong;
-  checkpoint::TensorCopies copies;  // (destination, source)
+  checkpoint::LoadPlan plan;  // run once every key is checked
   for (const auto& [name, dst] : own) {
     auto it = d.find(c10::IValue(name));
     if (it == d.end()) {
@@ -66,7 +66,7 @@ inline void load_module_state(torch::nn::Module& module, const c10::IValue& stat
                       " in the module");
       continue;
     }
-    copies.emplace_back(dst, std::move(src));
+    plan.copy(dst, std::move(src));
   }
   std::unordered_set<std::string> names;
   for (const auto& o : own) names.insert(o.first);
@@ -98,7 +98,7 @@ inline void load_module_state(torch::nn::Module& module, const c10::IValue& stat
                         ? "\n  (strict = false loads the keys that match)"
                         : ""));
   }
-  checkpoint::copy_all(copies);
+  plan.run();
 }
 
 }  // namespace loom::state

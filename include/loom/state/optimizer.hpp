@@ -50,22 +50,19 @@ inline const optim::OptimizerInfo& checkpointable(const torch::optim::Optimizer&
               "\"Your own optimizer\")");
 }
 
-/// Copies decided while a checkpoint is decoded, made once all of it decoded (into the state
-/// tensors the optimizer already has): {destination, source}.
-using Copies = checkpoint::TensorCopies;
-
 /// A state tensor of the checkpoint for parameter `p`: on p's device, in p's dtype when both
 /// are floating point (Python's rule for every state but `step`), laid out like p. With
-/// `adopt` (a state just read from a file) a tensor that already is all that, the only user of
-/// its storage and not a view of a mapped file (checkpoint/mapped.hpp) is kept, as Python keeps
-/// it. Else `into`, the optimizer's own tensor for this state, is reused where it is all that:
-/// the copy into it is added to `copies` (made after every check) and `into` returned, so a
-/// load writes into memory the optimizer already holds. Anything else is copied into a new
-/// tensor at once (not through copy_all: streaming stores into pages never touched cost twice
-/// the memory traffic), so no state tensor ever aliases another's or one still in use
-/// elsewhere.
+/// `adopt` (a state just read from a file) a tensor that already is all that and that the
+/// plan may adopt (checkpoint::LoadPlan::may_adopt: its storage's only user, not a view of a
+/// mapped file) is kept, as Python keeps it. Else `into`, the optimizer's own tensor for this
+/// state, is reused where it is all that: the copy into it goes into `plan` (run after every
+/// check) and `into` is returned, so a load writes into memory the optimizer already holds.
+/// Anything else is copied into a new tensor at once (not through the plan: streaming stores
+/// into pages never touched cost twice the memory traffic), so no state tensor ever aliases
+/// another's or one still in use elsewhere.
 inline at::Tensor like_param(const at::Tensor& t, const at::Tensor& p, std::string_view path,
-                             bool adopt, const at::Tensor& into = {}, Copies* copies = nullptr) {
+                             bool adopt, const at::Tensor& into = {},
+                             checkpoint::LoadPlan* plan = nullptr) {
   if (t.sizes() != p.sizes()) {
     fail(path,
          "has shape " + shape_string(t.sizes()) + ", its parameter " + shape_string(p.sizes()));
@@ -77,12 +74,9 @@ inline at::Tensor like_param(const at::Tensor& t, const at::Tensor& p, std::stri
     return x.sizes() == p.sizes() && x.device() == p.device() && x.scalar_type() == dtype &&
            x.strides() == p.strides() && !x.requires_grad();
   };
-  if (adopt && fits(t) && t.storage_offset() == 0 && t.storage().use_count() == 1 &&
-      t.storage().nbytes() == t.nbytes() && !checkpoint::is_mapped(t)) {
-    return t;
-  }
-  if (copies != nullptr && into.defined() && fits(into)) {
-    copies->emplace_back(into, t);
+  if (adopt && fits(t) && checkpoint::LoadPlan::may_adopt(t)) return t;
+  if (plan != nullptr && into.defined() && fits(into)) {
+    plan->copy(into, t);
     return into;
   }
   return at::empty_like(p, p.options().dtype(dtype)).copy_(t);
@@ -102,15 +96,15 @@ inline double step_value(const c10::IValue& v, std::string_view path) {
 class DictReader final : public optim::PythonReader {
  public:
   /// `reuse`: the optimizer's current state of `param` (its tensors, by key, as save_state
-  /// gives them) and where the copies into them go; see like_param.
+  /// gives them) and the plan the copies into them go to; see like_param.
   DictReader(Dict d, std::string path, at::Tensor param = {}, bool adopt = false,
-             std::optional<Dict> reuse = std::nullopt, Copies* copies = nullptr)
+             std::optional<Dict> reuse = std::nullopt, checkpoint::LoadPlan* plan = nullptr)
       : d_(std::move(d)),
         path_(std::move(path)),
         param_(std::move(param)),
         adopt_(adopt),
         reuse_(std::move(reuse)),
-        copies_(copies) {}
+        plan_(plan) {}
 
   bool has(std::string_view key) const override {
     auto it = d_.find(c10::IValue(std::string(key)));
@@ -136,7 +130,7 @@ class DictReader final : public optim::PythonReader {
       if (it != reuse_->end() && it->value().isTensor()) into = it->value().toTensor();
     }
     return like_param(as_tensor(at(d_, key, path_), join(path_, key)), param_, join(path_, key),
-                      adopt_, into, copies_);
+                      adopt_, into, plan_);
   }
   const at::Tensor& param() const override { return param_; }
   [[noreturn]] void fail(std::string_view key, std::string_view what) const override {
@@ -149,7 +143,7 @@ class DictReader final : public optim::PythonReader {
   at::Tensor param_;
   bool adopt_;
   std::optional<Dict> reuse_;
-  Copies* copies_;
+  checkpoint::LoadPlan* plan_;
 };
 
 inline Dict save(const torch::optim::Optimizer& opt, const optim::OptimizerInfo& info) {
@@ -198,7 +192,7 @@ inline void load(torch::optim::Optimizer& opt, const optim::OptimizerInfo& info,
     std::size_t group;
   };
   std::unordered_map<int64_t, Owner> by_id;
-  Copies copies;  // into state tensors the optimizer has: made after every check passed
+  checkpoint::LoadPlan plan;  // into state tensors the optimizer has: run after every check
   for (std::size_t i = 0; i < groups.size(); ++i) {
     const std::string gpath = join(join(path, "param_groups"), std::to_string(i));
     const Dict g = as_dict(groups[i], gpath);
@@ -235,10 +229,10 @@ inline void load(torch::optim::Optimizer& opt, const optim::OptimizerInfo& info,
     }
     states.emplace_back(param.unsafeGetTensorImpl(),
                         info.load_state(DictReader(as_dict(e.value(), spath), spath, param, adopt,
-                                                   std::move(current), &copies),
+                                                   std::move(current), &plan),
                                         *options[owner->second.group]));
   }
-  checkpoint::copy_all(copies);
+  plan.run();
   for (std::size_t i = 0; i < own.size(); ++i) own[i].set_options(std::move(options[i]));
   opt.state().clear();
   for (auto& [key, s] : states) opt.state()[key] = std::move(s);

@@ -21,8 +21,8 @@
 #include <c10/util/Exception.h>
 
 #include <loom/state/load_options.hpp>
-#include <loom/state/state_dict.hpp>
 #include <loom/state/values.hpp>
+#include <loom/state_dict.hpp>
 
 namespace loom::state {
 

@@ -1,6 +1,6 @@
 #pragma once
 // Typed lookups in the dicts rt.load reads from a checkpoint, for the state/ headers that walk
-// them by key path ("optimizer.param_groups.0.lr"). They are state/reader.hpp's conversions
+// them by key path ("optimizer.param_groups.0.lr"). They are state_reader.hpp's conversions
 // and error wording with the owner "loom::load":
 //
 //   loom::load: missing key "optimizer.param_groups.0.lr"
@@ -13,8 +13,8 @@
 #include <ATen/core/ivalue.h>
 
 #include <loom/error.hpp>
-#include <loom/state/reader.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
+#include <loom/state_reader.hpp>
 
 namespace loom::state {
 

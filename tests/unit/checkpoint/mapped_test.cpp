@@ -1,5 +1,6 @@
 // Mapped loads (checkpoint/mapped.hpp): load_value with LoadOptions::map, unmapped, copy_all,
-// and rt.load, which maps the file and copies into the memory the model and optimizer hold.
+// LoadPlan, and rt.load, which maps the file and copies into the memory the model and
+// optimizer hold.
 #include "support/catch.hpp"
 #include "support/same_value.hpp"
 
@@ -214,6 +215,31 @@ TEST_CASE("copy_all copies as Tensor::copy_ does", "[checkpoint][mapped]") {
   CHECK(base.narrow(0, 0, 3).eq(0).all().item<bool>());
   CHECK(base.narrow(0, 1500010, 1).eq(0).all().item<bool>());
   CHECK(big_dst.equal(big));
+}
+
+TEST_CASE("LoadPlan: copies run only when asked; the file's own tensor is adopted only alone",
+          "[checkpoint][mapped]") {
+  using loom::checkpoint::LoadPlan;
+  TempDir dir;
+  const auto file = dir.path / "plan.pt";
+  const auto w = at::arange(12, at::kFloat).reshape({3, 4});
+  loom::checkpoint::save_value(file, c10::IValue(w));
+  const auto mapped = loom::checkpoint::load_value(file, std::nullopt, {.map = true}).toTensor();
+  const auto read = loom::checkpoint::load_value(file).toTensor();
+  REQUIRE(loom::checkpoint::is_mapped(mapped));
+  CHECK_FALSE(LoadPlan::may_adopt(mapped));   // a view of the file's pages: copied
+  CHECK(LoadPlan::may_adopt(read));           // its own memory, no other user
+  [[maybe_unused]] const auto shared = read;  // a second user of the storage
+  CHECK_FALSE(LoadPlan::may_adopt(read));
+  CHECK_FALSE(LoadPlan::may_adopt(at::zeros({8}).narrow(0, 2, 4)));  // part of a storage
+  LoadPlan plan;
+  CHECK(plan.empty());
+  auto into = at::zeros({3, 4}, at::kDouble);  // a cast: the destination's dtype wins
+  plan.copy(into, mapped);
+  CHECK_FALSE(plan.empty());
+  CHECK(into.eq(0).all().item<bool>());  // nothing copied before run()
+  plan.run();
+  CHECK(into.equal(w.to(at::kDouble)));
 }
 
 TEST_CASE("crc32_combine gives the CRC-32 of two pieces one after the other",

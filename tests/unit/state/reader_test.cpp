@@ -11,9 +11,9 @@
 #include <ATen/core/ivalue.h>
 
 #include <loom/error.hpp>
-#include <loom/state/reader.hpp>
-#include <loom/state/state_dict.hpp>
 #include <loom/state/values.hpp>
+#include <loom/state_dict.hpp>
+#include <loom/state_reader.hpp>
 
 namespace {
 

@@ -3,6 +3,7 @@
 // [logger][python] writes files that tests/parity/logger_read.py reads back with Python's csv
 // module and TensorBoard's event_accumulator (ctest toolbox.loggers.python_reads).
 #include "support/catch.hpp"
+#include "support/env.hpp"
 #include "support/sync_counter.hpp"
 
 #include <unistd.h>
@@ -30,6 +31,7 @@
 #endif
 
 namespace fs = std::filesystem;
+using loom::testing::EnvGuard;
 using loom::testing::SyncCounter;
 
 namespace {
@@ -89,8 +91,10 @@ TEST_CASE("CsvLogger writes Lightning's metrics.csv and hparams.yaml", "[logger]
     loom::CsvLogger csv(dir.path, {.name = "exp", .flush_every = 2});
     CHECK(csv.version() == 4);  // one more than the largest version_N
     CHECK(csv.log_dir() == dir.path / "exp" / "version_4");
+    CHECK_FALSE(fs::exists(csv.log_dir()));  // made at the first write
     csv.log("loss", at::full({}, 0.5f), 0);
     CHECK(csv.buffered() == 1);
+    CHECK_FALSE(fs::exists(csv.log_dir()));                  // buffered: nothing written yet
     csv.log_dict({{"loss", 0.25}, {"acc", int64_t{7}}}, 1);  // step 1: (1 + 1) % 2 == 0, flushed
     CHECK(csv.buffered() == 0);
     CHECK(read_text(csv.metrics_file()) == "acc,loss,step\r\n,0.5,0\r\n7,0.25,1\r\n");
@@ -113,6 +117,113 @@ TEST_CASE("CsvLogger writes Lightning's metrics.csv and hparams.yaml", "[logger]
   CHECK(next.version() == 5);
   loom::CsvLogger given(dir.path, {.name = "", .version = 0});
   CHECK(given.log_dir() == dir.path / "version_0");
+  CHECK_FALSE(fs::exists(dir.path / "exp" / "version_5"));
+  CHECK_FALSE(fs::exists(dir.path / "version_0"));
+  CHECK_THROWS_WITH(loom::CsvLogger(dir.path, {.version = -1}),
+                    Catch::Matchers::Equals("loom: a logger's version must be >= 0"));
+}
+
+TEST_CASE("A logger makes its folder at its first write, its version when first needed",
+          "[logger]") {
+  TempDir dir;
+  {
+    loom::CsvLogger csv(dir.path, {.flush_every = 1});
+    loom::CsvLogger flushed(dir.path, {.name = "f"});
+    flushed.flush();  // no rows: nothing to write
+    loom::CsvLogger other_rank(dir.path, {.rank = 1});
+    other_rank.log("loss", 1.0, 0);
+    other_rank.log_hyperparams({{"lr", 0.1}});
+  }  // constructed, destroyed, never written: nothing made
+  CHECK_FALSE(fs::exists(dir.path));
+#ifdef LOOM_TEST_TENSORBOARD
+  { loom::TensorBoardLogger tb(dir.path); }
+  CHECK_FALSE(fs::exists(dir.path));
+#endif
+
+  // Two loggers in one root: the first written before the second is asked for its folder.
+  loom::CsvLogger first(dir.path, {.flush_every = 1});
+  loom::CsvLogger second(dir.path, {.flush_every = 1});
+  first.log("loss", 1.0, 0);
+  CHECK(first.version() == 0);
+  CHECK(fs::exists(dir.path / "lightning_logs" / "version_0" / "metrics.csv"));
+  CHECK(second.log_dir() == dir.path / "lightning_logs" / "version_1");
+  CHECK_FALSE(fs::exists(second.log_dir()));
+  second.log_hyperparams({{"lr", 0.1}});  // a write too
+  CHECK(read_text(dir.path / "lightning_logs" / "version_1" / "hparams.yaml") == "lr: 0.1\n");
+  // A version is decided once: the folders it was picked among may change, it stays.
+  loom::CsvLogger third(dir.path, {.flush_every = 1});
+  CHECK(third.version() == 2);
+  fs::create_directories(dir.path / "lightning_logs" / "version_7");
+  third.log("loss", 1.0, 0);
+  CHECK(third.version() == 2);
+  CHECK(fs::exists(dir.path / "lightning_logs" / "version_2" / "metrics.csv"));
+}
+
+TEST_CASE("A logger's rank: explicit, or the runtime's strategy's; never RANK", "[logger]") {
+  TempDir dir;
+  {
+    // torchrun's RANK is not read: a logger without a rank is rank 0 until a runtime says.
+    EnvGuard rank("RANK", "1");
+    loom::CsvLogger csv(dir.path, {.flush_every = 1});
+    CHECK(csv.rank() == 0);
+    CHECK(csv.writes());
+    csv.log("loss", 1.0, 0);
+    CHECK(fs::exists(csv.metrics_file()));
+    EnvGuard typo("RANK", "two");  // not read either: no error
+    CHECK(loom::CsvLogger(dir.path).writes());
+    CHECK(loom::ProgressBar(4).prints());
+  }
+  {
+    EnvGuard rank("RANK", "1");
+    CHECK(loom::ProgressBar(4).prints());
+  }
+  fs::remove_all(dir.path);
+
+  // attach: the runtime's rank.
+  loom::CsvLogger csv(dir.path, {.flush_every = 10});
+  csv.log("loss", 1.0, 0);
+  CHECK(csv.buffered() == 1);
+  csv.attach(1);
+  CHECK(csv.rank() == 1);
+  CHECK_FALSE(csv.writes());
+  CHECK(csv.buffered() == 0);  // never to be written: dropped
+  CHECK(csv.version_in_use() == -1);
+  csv.log("loss", 1.0, 1);
+  csv.log_hyperparams({{"lr", 0.1}});
+  csv.continue_version(3, 1);
+  csv.flush();
+  CHECK_FALSE(fs::exists(dir.path));  // rank 1 creates nothing
+  csv.attach(0);
+  CHECK(csv.writes());
+
+  // An explicit rank is kept; another rank from a runtime is an error naming both.
+  loom::CsvLogger mine(dir.path, {.rank = 1});
+  mine.attach(1);
+  CHECK(mine.rank() == 1);
+  CHECK_THROWS_WITH(mine.attach(0), Catch::Matchers::Contains("given rank 1") &&
+                                        Catch::Matchers::Contains("runtime of rank 0"));
+  CHECK(mine.rank() == 1);
+  auto explicit_zero = std::make_shared<loom::CsvLogger>(dir.path, loom::LogDirOptions{.rank = 0});
+  explicit_zero->attach(0);
+  CHECK(explicit_zero->writes());
+
+  // rt.add_logger attaches the strategy's rank (0 in one process).
+  loom::Runtime<loom::Cpu, loom::Fp32> rt;
+  auto other = std::make_shared<loom::CsvLogger>(dir.path, loom::LogDirOptions{.rank = 1});
+  CHECK_THROWS_WITH(rt.add_logger(other), Catch::Matchers::Contains("loom::Logger: the logger "
+                                                                    "was given rank 1"));
+  CHECK(rt.loggers().empty());
+  auto plain = std::make_shared<loom::CsvLogger>(dir.path);
+  plain->attach(5);
+  rt.add_logger(plain);
+  CHECK(plain->rank() == 0);
+  CHECK(plain->writes());
+  CHECK_FALSE(fs::exists(dir.path));  // nothing written yet
+
+  // The progress bar takes the runtime's rank the same way.
+  CHECK(loom::ProgressBar(rt, 4).prints());
+  CHECK_THROWS_WITH(loom::ProgressBar(rt, 4, 1, "train", {.rank = 1}),
+                    Catch::Matchers::Contains("rank 1") && Catch::Matchers::Contains("rank 0"));
 }
 
 TEST_CASE("Loggers write on rank 0 only and refuse bad values", "[logger]") {
@@ -124,18 +235,7 @@ TEST_CASE("Loggers write on rank 0 only and refuse bad values", "[logger]") {
   other.flush();
   CHECK_FALSE(fs::exists(dir.path));  // nothing created on rank 1
 
-  ::setenv("RANK", "2", 1);
-  loom::CsvLogger from_env(dir.path);
-  CHECK(from_env.rank() == 2);
-  ::setenv("RANK", "two", 1);
-  CHECK_THROWS_WITH(loom::CsvLogger(dir.path),
-                    Catch::Matchers::Contains("loom::Logger: RANK is \"two\", not a whole number"));
-  // The progress bar reads RANK by the same rule: a typo is an error, not rank 0.
-  CHECK_THROWS_WITH(loom::ProgressBar(4),
-                    Catch::Matchers::Contains("loom::ProgressBar: RANK is \"two\""));
-  ::setenv("RANK", "1", 1);
-  CHECK_FALSE(loom::ProgressBar(4).prints());
-  ::unsetenv("RANK");
+  CHECK_FALSE(loom::ProgressBar(4, 1, "train", {.rank = 1}).prints());
 
   loom::CsvLogger csv(dir.path);
   CHECK_THROWS_WITH(
@@ -180,6 +280,11 @@ TEST_CASE("TensorBoardLogger frames its records with TensorBoard's masked CRC-32
   TempDir dir;
   loom::TensorBoardLogger tb(dir.path, {.version = 1});
   CHECK(tb.log_dir() == dir.path / "lightning_logs" / "version_1");
+  CHECK(tb.event_file().empty());  // made at the first write
+  CHECK_FALSE(fs::exists(dir.path));
+  tb.log_hyperparams({{"lr", 0.1}});
+  CHECK(fs::exists(tb.log_dir() / "hparams.yaml"));
+  CHECK(tb.event_file().parent_path() == tb.log_dir());
   CHECK(tb.event_file().filename().string().starts_with("events.out.tfevents."));
   const auto first = fs::file_size(tb.event_file());  // the file_version event
   CHECK(first > 16);
@@ -215,7 +320,7 @@ TEST_CASE("A resumed run's loggers write on in its version folder, from the resu
     rt.load(ckpt, {{"runtime", rt}});
     CHECK(csv->version() == 0);
     CHECK(csv->log_dir() == logs / "version_0");
-    CHECK_FALSE(fs::exists(logs / "version_1"));  // it was empty: removed
+    CHECK_FALSE(fs::exists(logs / "version_1"));  // nothing was written there: never made
     // Steps 3 and 4 came after the checkpoint: the resumed run logs them again.
     CHECK(read_text(csv->metrics_file()) == "loss,step\r\n0.0,0\r\n1.0,1\r\n2.0,2\r\n");
     rt.log("loss", 30.0, 3);
@@ -229,7 +334,20 @@ TEST_CASE("A resumed run's loggers write on in its version folder, from the resu
     rt.add_logger(csv);
     rt.load(ckpt, {{"runtime", rt}});
     CHECK(csv->version() == 1);
-    CHECK(fs::exists(logs / "version_1"));
+    CHECK_FALSE(fs::exists(logs / "version_1"));  // made at the first write
+    rt.log("loss", 30.0, 3);
+    CHECK(read_text(logs / "version_1" / "metrics.csv") == "loss,step\r\n30.0,3\r\n");
+  }
+  {
+    // A logger that wrote before the resume: its folder is not empty, so it stays.
+    loom::Runtime<loom::Cpu, loom::Fp32> rt;
+    auto csv = make(true);
+    rt.add_logger(csv);
+    CHECK(csv->version() == 2);
+    csv->log_hyperparams({{"lr", 0.1}});
+    rt.load(ckpt, {{"runtime", rt}});
+    CHECK(csv->version() == 0);
+    CHECK(fs::exists(logs / "version_2" / "hparams.yaml"));
   }
 #ifdef LOOM_TEST_TENSORBOARD
   {
@@ -244,10 +362,9 @@ TEST_CASE("A resumed run's loggers write on in its version folder, from the resu
     auto tb = std::make_shared<loom::TensorBoardLogger>(tb_root);
     CHECK(tb->version() == 1);
     rt.add_logger(tb);
-    const auto fresh = tb->event_file();
+    CHECK(tb->event_file().empty());  // nothing written yet: no file, no folder
     rt.load(ckpt, {{"runtime", rt}});
     CHECK(tb->version() == 0);
-    CHECK_FALSE(fs::exists(fresh));  // only its first event: removed with its folder
     CHECK_FALSE(fs::exists(tb_root / "lightning_logs" / "version_1"));
     CHECK(tb->event_file().parent_path() == tb_root / "lightning_logs" / "version_0");
     int files = 0;

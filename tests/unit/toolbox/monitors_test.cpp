@@ -57,6 +57,43 @@ TEST_CASE("ProgressBar prints plain lines off a terminal, on rank 0 only", "[pro
   std::fclose(quiet);
 }
 
+TEST_CASE("ProgressBar given a runtime prints on its strategy's rank 0 only", "[progress]") {
+  // What the bar asks of a runtime: rt.strategy().rank().
+  struct Strategy {
+    int r;
+    int rank() const { return r; }
+  };
+  struct FakeRuntime {
+    Strategy s;
+    const Strategy& strategy() const { return s; }
+  };
+  std::FILE* out = std::tmpfile();
+  REQUIRE(out != nullptr);
+  {
+    loom::ProgressBar bar(FakeRuntime{{0}}, 2, 1, "train", {.out = out});
+    CHECK(bar.prints());
+    for (int i = 0; i < 2; ++i) bar.step(16, 1.0);
+  }
+  CHECK(contents(out).find("train 2/2 100%") != std::string::npos);
+  std::fclose(out);
+
+  std::FILE* quiet = std::tmpfile();
+  REQUIRE(quiet != nullptr);
+  {
+    loom::ProgressBar bar(FakeRuntime{{1}}, 2, 1, "train", {.out = quiet});
+    CHECK_FALSE(bar.prints());
+    for (int i = 0; i < 2; ++i) bar.step(16, 1.0);
+    CHECK(loom::ProgressBar(FakeRuntime{{1}}, 2, 1, "train", {.out = quiet, .rank = 1}).prints() ==
+          false);
+  }
+  CHECK(contents(quiet).empty());
+  std::fclose(quiet);
+  CHECK_THROWS_WITH(
+      loom::ProgressBar(FakeRuntime{{1}}, 2, 1, "train", {.rank = 0}),
+      Catch::Matchers::Equals(
+          "loom::ProgressBar: the options give rank 0 but the runtime's strategy has rank 1"));
+}
+
 TEST_CASE("ProgressBar starts at a resumed step and reads tensor losses only to print",
           "[progress]") {
   std::FILE* out = std::tmpfile();

@@ -132,7 +132,7 @@ TEST_CASE("optimizer_step({o1, o2}) steps each optimizer in order under every pr
   CHECK(at::equal(second->weight, w2.add(g2, -0.2)));
 
   // A list built at run time: a vector of references, as a span.
-  std::vector<std::reference_wrapper<torch::optim::Optimizer>> both{a, b};
+  std::vector<loom::OptimizerRef> both{a, b};
   rt.backward(rt.forward(model, at::ones({4, 6})).sum(), model);
   CHECK(rt.optimizer_step(loom::Optimizers(both)).size() == 2);
 }

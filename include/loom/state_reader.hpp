@@ -24,7 +24,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <loom/error.hpp>
-#include <loom/state/state_dict.hpp>
+#include <loom/state_dict.hpp>
 
 namespace loom::state {
 
