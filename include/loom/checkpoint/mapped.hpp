@@ -120,30 +120,6 @@ class DeferredChecks {
 
  private:
   friend void copy_all(const TensorCopies& copies);
-
-  /// A load's plan: state/ makes it while it checks a checkpoint's value against the run (which
-  /// tensor of the run receives which tensor of the file, cast to the destination's dtype, and
-  /// whether the file's own tensor may be kept), checkpoint/ runs it once every check passed
-  /// (copy_all: the copies, each large record's CRC-32 read as it is copied). So a load that
-  /// fails a check changes nothing, and only this folder knows what is mapped.
-  class LoadPlan {
-   public:
-    /// `destination` (a tensor the run holds) gets `source`'s values in place, cast to its dtype,
-    /// when run() runs.
-    void copy(at::Tensor destination, at::Tensor source) {
-      copies_.emplace_back(std::move(destination), std::move(source));
-    }
-    /// Whether a tensor just read from a file may be kept as it is instead of copied (state/
-    /// has checked its shape, dtype, device and layout): it is the only user of its whole
-    /// storage and not a view of a mapped file.
-    static bool may_adopt(const at::Tensor& source);
-    /// Makes every copy (copy_all).
-    void run() const { copy_all(copies_); }
-    bool empty() const noexcept { return copies_.empty(); }
-
-   private:
-    TensorCopies copies_;
-  };
   struct Record {
     std::string what;
     std::string name;
