@@ -31,6 +31,7 @@
 #include <loom/dist/collectives.hpp>
 #include <loom/dist/ddp.hpp>
 #include <loom/dist/defaults.hpp>
+#include <loom/dist/fsdp.hpp>
 #include <loom/dist/rank_zero.hpp>
 #include <loom/dist/single_process.hpp>
 #include <loom/dist/zero.hpp>

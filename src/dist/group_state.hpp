@@ -74,6 +74,11 @@ class Work {
 /// `t` reduced with `op` on every rank (Sum, Max, Min; Mean is the caller's division), within
 /// the group's timeout.
 Work all_reduce(GroupState& s, at::Tensor& t, ReduceOp op);
+/// Every rank's `input` into `output`, rank after rank.
+Work all_gather_into(GroupState& s, at::Tensor& output, at::Tensor& input);
+/// `input`'s parts reduced with `op` (Sum, Max, Min; Mean is the caller's division), this
+/// rank's into `output`.
+Work reduce_scatter(GroupState& s, at::Tensor& output, at::Tensor& input, ReduceOp op);
 /// `t` summed on rank `root`.
 Work reduce(GroupState& s, at::Tensor& t, int root);
 /// Rank `src`'s `t` on every rank.

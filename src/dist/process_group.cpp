@@ -145,6 +145,24 @@ Work all_reduce(GroupState& s, at::Tensor& t, ReduceOp op) {
   return Work(s.group->allreduce(tensors, o));
 }
 
+// c10d's names for the single-tensor all-gather and reduce-scatter changed (2.15:
+// all_gather_single / reduce_scatter_single; the old ones stay as deprecated aliases).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+Work all_gather_into(GroupState& s, at::Tensor& output, at::Tensor& input) {
+  c10d::AllgatherOptions o;
+  o.timeout = s.options.timeout;
+  return Work(s.group->_allgather_base(output, input, o));
+}
+
+Work reduce_scatter(GroupState& s, at::Tensor& output, at::Tensor& input, ReduceOp op) {
+  c10d::ReduceScatterOptions o;
+  o.reduceOp = to_c10d(op);
+  o.timeout = s.options.timeout;
+  return Work(s.group->_reduce_scatter_base(output, input, o));
+}
+#pragma GCC diagnostic pop
+
 Work reduce(GroupState& s, at::Tensor& t, int root) {
   std::vector<at::Tensor> tensors{t};
   c10d::ReduceOptions o;
@@ -305,6 +323,54 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& t) {
     fail("all_gather", std::current_exception());
   }
   return out[0];
+}
+
+void ProcessGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) {
+  auto& s = *state_;
+  require_group(s, "all_gather_into");
+  const int64_t world = s.env.world_size;
+  if (output.numel() != input.numel() * world || output.scalar_type() != input.scalar_type() ||
+      !output.is_contiguous() || !input.is_contiguous()) {
+    throw Error(s.name + "::all_gather_into: the output must be contiguous, of the input's dtype " +
+                "and world_size times its elements");
+  }
+  if (!s.group) {
+    output.view({-1}).copy_(input.view({-1}));
+    return;
+  }
+  try {  // flat: gloo checks the first dimensions against the world size
+    at::Tensor in = input.view({-1});
+    at::Tensor out = output.view({-1});
+    detail::all_gather_into(s, out, in).wait();
+  } catch (...) {
+    fail("all_gather_into", std::current_exception());
+  }
+}
+
+void ProcessGroup::reduce_scatter(at::Tensor& output, at::Tensor& input, ReduceOp op) {
+  auto& s = *state_;
+  require_group(s, "reduce_scatter");
+  const int64_t world = s.env.world_size;
+  if (input.numel() != output.numel() * world || output.scalar_type() != input.scalar_type() ||
+      !output.is_contiguous() || !input.is_contiguous()) {
+    throw Error(s.name + "::reduce_scatter: the input must be contiguous, of the output's " +
+                "dtype and world_size times its elements");
+  }
+  if (op == ReduceOp::Mean && !at::isFloatingType(input.scalar_type())) {
+    throw Error(s.name + "::reduce_scatter: ReduceOp::Mean needs a floating tensor");
+  }
+  if (!s.group) {
+    output.view({-1}).copy_(input.view({-1}));
+    return;
+  }
+  try {  // flat: gloo checks the first dimensions against the world size
+    at::Tensor in = input.view({-1});
+    at::Tensor out = output.view({-1});
+    detail::reduce_scatter(s, out, in, op).wait();
+  } catch (...) {
+    fail("reduce_scatter", std::current_exception());
+  }
+  if (op == ReduceOp::Mean) output.div_(world);
 }
 
 c10::IValue ProcessGroup::broadcast_object(const c10::IValue& value, int src) {

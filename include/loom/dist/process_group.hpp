@@ -131,6 +131,14 @@ class ProcessGroup {
   void all_reduce(at::Tensor& t, ReduceOp op);
   void broadcast(at::Tensor& t, int src);
   std::vector<at::Tensor> all_gather(const at::Tensor& t);
+  /// Every rank's `input` into `output`, rank after rank (c10d's all_gather_single, Python's
+  /// all_gather_into_tensor): `output` holds world_size() times `input`'s elements; both
+  /// contiguous and of one dtype.
+  void all_gather_into(at::Tensor& output, const at::Tensor& input);
+  /// `input` (world_size() equal parts, rank after rank) reduced with `op` over the ranks,
+  /// this rank's part into `output` (c10d's reduce_scatter_single, Python's
+  /// reduce_scatter_tensor); Mean is the sum divided by world_size(), as gloo's AVG.
+  void reduce_scatter(at::Tensor& output, at::Tensor& input, ReduceOp op);
   /// Rank `src`'s value on every rank (Python's broadcast_object_list): pickled as torch.save
   /// pickles (torch::pickle_save), its size and then its bytes broadcast on the group's
   /// device; what the other ranks pass is ignored.
