@@ -14,6 +14,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/util/strides.h>
 
 #include <loom/error.hpp>
 
@@ -245,8 +246,9 @@ void Fsdp::post_backward() {
       // The piece's part of the output, not a view of it (an optimizer's zero_grad detaches
       // gradients in place, which a view refuses): its storage, at its offset.
       at::Tensor piece_grad = at::empty({0}, output.options());
-      piece_grad.set_(output.storage(), output.storage_offset() + at, f->shape(f->local),
-                      at::empty(f->shape(f->local), at::kMeta).strides());
+      const auto shape = f->shape(f->local);
+      piece_grad.set_(output.storage(), output.storage_offset() + at, shape,
+                      c10::contiguous_strides(shape));
       at += f->padded_numel();
       f->param.mutable_grad() = at::Tensor();
       if (f->grad.defined()) {

@@ -9,6 +9,7 @@
 #include <exception>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -325,22 +326,34 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& t) {
   return out[0];
 }
 
+namespace {
+
+/// The checks of a collective between one rank's `part` and the world's `whole`, both flat:
+/// contiguous, one dtype, `whole` world times `part`'s elements. Returns them flat (gloo checks
+/// the first dimensions against the world size).
+std::pair<at::Tensor, at::Tensor> flat_parts(const detail::GroupState& s, std::string_view what,
+                                             const at::Tensor& part, const at::Tensor& whole) {
+  if (whole.numel() != part.numel() * s.env.world_size ||
+      whole.scalar_type() != part.scalar_type() || !whole.is_contiguous() ||
+      !part.is_contiguous()) {
+    throw Error(s.name + "::" + std::string(what) +
+                ": both tensors contiguous, of one dtype, the whole one world_size times the "
+                "part's elements");
+  }
+  return {part.view({-1}), whole.view({-1})};
+}
+
+}  // namespace
+
 void ProcessGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) {
   auto& s = *state_;
   require_group(s, "all_gather_into");
-  const int64_t world = s.env.world_size;
-  if (output.numel() != input.numel() * world || output.scalar_type() != input.scalar_type() ||
-      !output.is_contiguous() || !input.is_contiguous()) {
-    throw Error(s.name + "::all_gather_into: the output must be contiguous, of the input's dtype " +
-                "and world_size times its elements");
-  }
+  auto [in, out] = flat_parts(s, "all_gather_into", input, output);
   if (!s.group) {
-    output.view({-1}).copy_(input.view({-1}));
+    out.copy_(in);
     return;
   }
-  try {  // flat: gloo checks the first dimensions against the world size
-    at::Tensor in = input.view({-1});
-    at::Tensor out = output.view({-1});
+  try {
     detail::all_gather_into(s, out, in).wait();
   } catch (...) {
     fail("all_gather_into", std::current_exception());
@@ -350,27 +363,20 @@ void ProcessGroup::all_gather_into(at::Tensor& output, const at::Tensor& input) 
 void ProcessGroup::reduce_scatter(at::Tensor& output, at::Tensor& input, ReduceOp op) {
   auto& s = *state_;
   require_group(s, "reduce_scatter");
-  const int64_t world = s.env.world_size;
-  if (input.numel() != output.numel() * world || output.scalar_type() != input.scalar_type() ||
-      !output.is_contiguous() || !input.is_contiguous()) {
-    throw Error(s.name + "::reduce_scatter: the input must be contiguous, of the output's " +
-                "dtype and world_size times its elements");
-  }
   if (op == ReduceOp::Mean && !at::isFloatingType(input.scalar_type())) {
     throw Error(s.name + "::reduce_scatter: ReduceOp::Mean needs a floating tensor");
   }
+  auto [out, in] = flat_parts(s, "reduce_scatter", output, input);
   if (!s.group) {
-    output.view({-1}).copy_(input.view({-1}));
+    out.copy_(in);
     return;
   }
-  try {  // flat: gloo checks the first dimensions against the world size
-    at::Tensor in = input.view({-1});
-    at::Tensor out = output.view({-1});
+  try {
     detail::reduce_scatter(s, out, in, op).wait();
   } catch (...) {
     fail("reduce_scatter", std::current_exception());
   }
-  if (op == ReduceOp::Mean) output.div_(world);
+  if (op == ReduceOp::Mean) output.div_(s.env.world_size);
 }
 
 c10::IValue ProcessGroup::broadcast_object(const c10::IValue& value, int src) {
