@@ -100,25 +100,18 @@ void Fsdp::setup(torch::nn::Module& module, c10::Device device, std::string_view
   }
   // One model on every rank: rank 0's parameters and buffers (FSDP2 leaves that to the
   // seed; a rank that built another model would train another one).
-  try {
-    for (auto t : params) {
-      at::Tensor whole = t.detach();
-      if (whole.is_contiguous()) {
-        group_.broadcast(whole, 0);
-      } else {
-        at::Tensor c = whole.contiguous();
-        group_.broadcast(c, 0);
-        whole.copy_(c);
-      }
-    }
-    for (auto& b : module.buffers(/*recurse=*/true)) {
-      at::Tensor c = b.detach().contiguous();
+  auto broadcast = [&](const at::Tensor& t) {  // in place, through a copy if strided
+    at::Tensor whole = t.detach();
+    if (whole.is_contiguous()) {
+      group_.broadcast(whole, 0);
+    } else {
+      at::Tensor c = whole.contiguous();
       group_.broadcast(c, 0);
-      if (!c.is_same(b)) b.detach().copy_(c);
+      whole.copy_(c);
     }
-  } catch (const CollectiveError&) {
-    throw;
-  }
+  };
+  for (const auto& p : params) broadcast(p);
+  for (const auto& b : module.buffers(/*recurse=*/true)) broadcast(b);
   for (const auto& p : params) {
     detail::FsdpParam f;
     f.param = p;
