@@ -81,11 +81,12 @@ say "- configured in ${SECONDS}s"
 targets=(loom_gpu_tests loom_precision_tests loom_bench_prefetch_cuda loom_bench_fp8_mlp
          loom_bench_checkpoint loom_bench_activation_checkpoint  # + optim.parity_cuda
          loom_fabric_train)  # section 10: a step as one CUDA graph
+# dist.cuda_fsdp: loom::Fsdp on one rank over NCCL against one process, and its peak memory.
 # dist.cuda_nccl, dist.cuda_zero (loom::Zero stage 2 on NCCL): 2 ranks on GPUs 0 and 1 when
 # torch sees 2 GPUs, else one rank compared with a one-process run only (a smoke test: the
 # summary says so); dist.cuda_gloo: 2 ranks sharing GPU 0; dist.cuda_detail: the same under
 # TORCH_DISTRIBUTED_DEBUG=DETAIL (c10d's ProcessGroupWrapper around gloo on CUDA tensors).
-[ -f "$third/gloo/algorithm.h" ] && targets+=(loom_dist_worker)
+[ -f "$third/gloo/algorithm.h" ] && targets+=(loom_dist_worker loom_fsdp_worker)
 # The DDP cost benchmark (section 7): loom::dist and CLI11's packed headers.
 ddp_bench=0
 [ -f "$third/gloo/algorithm.h" ] && [ -f "$third/CLI/CLI.hpp" ] && { targets+=(loom_bench_ddp); ddp_bench=1; }
@@ -116,7 +117,7 @@ smoke_only=""
 last="$build/Testing/Temporary/LastTest.log"
 if [ -f "$last" ] && grep -q '^dist cuda_' "$last"; then
   say ""
-  say "## Distributed CUDA cases (dist.cuda_nccl, dist.cuda_gloo, dist.cuda_zero, dist.cuda_detail)"
+  say "## Distributed CUDA cases (dist.cuda_nccl, dist.cuda_gloo, dist.cuda_zero, dist.cuda_detail, dist.cuda_fsdp)"
   say ""
   grep -hE '^dist cuda_[a-z]+: ' "$last" | sed 's/^/- /' | tee -a "$report"
   smoke_only=$(grep -oE '^dist cuda_[a-z]+: ok, smoke test only: 1 GPU, nothing compared across ranks' "$last" |

@@ -89,6 +89,10 @@ class Runtime {
   static_assert(detail::check_policies<in_order>(detail::families{}, static_cast<Device*>(nullptr),
                                                  static_cast<Precision*>(nullptr),
                                                  static_cast<Strategy*>(nullptr)));
+  static_assert(!in_order || detail::strategy_takes_precision<Strategy, Precision>(),
+                "loom::Runtime: the strategy refuses this precision (its takes_precision(name) "
+                "is false for the precision's name); loom::Fsdp refuses 16-mixed: the loss "
+                "scaler's inf check would not be agreed over the ranks' pieces");
 
  public:
   using device_policy = Device;

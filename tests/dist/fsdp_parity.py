@@ -1,20 +1,26 @@
 """Parity of loom::Fsdp with Python's FSDP2 (fully_shard) on 2 ranks (gloo, torchrun).
 
-The same model (Linear 8-15, Tanh, LayerNorm, Linear 15-32, Tanh, Linear 32-15, LayerNorm,
-Linear 15-5: row counts 15 and 5 leave the last rank's pieces padded), initial weights and
-data, trained 20 steps with fused AdamW (lr 1e-2, weight decay 0.01) by Python's
-fully_shard(model) (the root as the one unit) + torch.optim.AdamW(fused=True), and by loom
-(tests/dist/fsdp_worker.cpp) under loom::Fsdp. Step i trains on rows [8i, 8i + 8), each rank
-its half. Cases: 32-true; 4 micro-batches (Python: set_requires_gradient_sync(False) on all
-but the last; loom: no_backward_sync); the gradient norm clipped to 0.5 (norms compared step
-by step). Each must equal Python bit for bit: the whole parameters after the last step and,
-clipped, every step's norm.
+The same model (three blocks x + down(tanh(up(norm(x)))) with LayerNorm(15), Linear 15-32,
+Linear 32-15, then LayerNorm(15) and Linear 15-5: row counts 15 and 5 leave the last rank's
+pieces padded), initial weights and data, trained 20 steps with fused AdamW (lr 1e-2, weight
+decay 0.01) by Python (fully_shard on each block, then on the model: four units) +
+torch.optim.AdamW(fused=True), and by loom (tests/dist/fsdp_worker.cpp: each block a
+loom::FsdpUnit, the model the root) under loom::Fsdp. Step i trains on rows [8i, 8i + 8),
+each rank its half. Cases: 32-true (and loom with reshard_after_forward off, against the
+same Python run); MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=f32); 4 micro-batches
+(Python: set_requires_gradient_sync(False) on all but the last; loom: no_backward_sync);
+each block's body under activation checkpointing (Python: torch.utils.checkpoint,
+use_reentrant=False; loom: loom::activation_checkpoint); the gradient norm clipped to 0.5
+(norms compared step by step). Each must equal Python bit for bit: the whole parameters after
+the last step and, clipped, every step's norm.
 
-loom::Ddp on the same run is reported beside it, not required to be equal: its fused AdamW
-steps the whole parameters, whose kernel splits the work by tensor size, so its roundings may
-differ from those of the pieces (where they agree the line says so).
+loom::Ddp on the same run (the FsdpUnit blocks are plain blocks there) is reported beside it
+in the cases of the parameters' own dtype, not required to be equal: its fused AdamW steps
+the whole parameters, whose kernel splits the work by tensor size, so its roundings may differ
+from those of the pieces (where they agree the line says so).
 
-Usage: python fsdp_parity.py --worker BIN --dir DIR     (the driver)
+Usage: python fsdp_parity.py --worker BIN --dir DIR [--cuda]   (the driver; --cuda: the GPU
+smoke run of cuda_smoke below)
 """
 
 import argparse
@@ -27,15 +33,38 @@ import torch
 from launch import torchrun
 
 STEPS, GLOBAL, WORLD = 20, 8, 2
+WIDTH, HIDDEN, CLASSES = 15, 32, 5
 SAMPLES = STEPS * GLOBAL
 LR, WD = 1e-2, 0.01
-RUNS = [(1, 0.0), (4, 0.0), (1, 0.5)]  # (micro-batches, clip)
+# (name, micro-batches, clip, policy, checkpoint, loom's extra runs: (tag, worker args))
+RUNS = [("32-true", 1, 0.0, "", 0, [("fsdp_keep", ["reshard=0"])]),
+        ("bf16 param / f32 reduce", 1, 0.0, "bf16", 0, []),
+        ("4 micro-batches", 4, 0.0, "", 0, []),
+        ("activation checkpointing", 1, 0.0, "", 1, []),
+        ("clip 0.5", 1, 0.5, "", 0, [])]
 
 
-def model_():
-    return torch.nn.Sequential(torch.nn.Linear(8, 15), torch.nn.Tanh(), torch.nn.LayerNorm(15),
-                               torch.nn.Linear(15, 32), torch.nn.Tanh(), torch.nn.Linear(32, 15),
-                               torch.nn.LayerNorm(15), torch.nn.Linear(15, 5))
+class Block(torch.nn.Module):
+    def __init__(self, checkpoint):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(WIDTH)
+        self.up = torch.nn.Linear(WIDTH, HIDDEN)
+        self.down = torch.nn.Linear(HIDDEN, WIDTH)
+        self.checkpoint = checkpoint
+
+    def body(self, x):
+        return x + self.down(torch.tanh(self.up(self.norm(x))))
+
+    def forward(self, x):
+        if self.checkpoint:
+            from torch.utils.checkpoint import checkpoint
+            return checkpoint(self.body, x, use_reentrant=False)
+        return self.body(x)
+
+
+def model_(checkpoint=False):
+    return torch.nn.Sequential(Block(checkpoint), Block(checkpoint), Block(checkpoint),
+                               torch.nn.LayerNorm(WIDTH), torch.nn.Linear(WIDTH, CLASSES))
 
 
 def write_inputs(d):
@@ -46,32 +75,36 @@ def write_inputs(d):
             p.add_(torch.randn_like(p).mul(0.1))
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     flat.numpy().astype("<f4").tofile(d / "init.bin")
-    torch.randn(SAMPLES, 8).mul(3).numpy().astype("<f4").tofile(d / "x.bin")
-    torch.randint(0, 5, (SAMPLES,)).numpy().astype("<i8").tofile(d / "y.bin")
+    torch.randn(SAMPLES, WIDTH).mul(3).numpy().astype("<f4").tofile(d / "x.bin")
+    torch.randint(0, CLASSES, (SAMPLES,)).numpy().astype("<i8").tofile(d / "y.bin")
 
 
-def load(d):
-    model = model_()
+def load(d, checkpoint=False):
+    model = model_(checkpoint)
     init = torch.from_numpy(np.fromfile(d / "init.bin", dtype="<f4"))
     with torch.no_grad():
         at = 0
         for p in model.parameters():
             p.copy_(init[at:at + p.numel()].reshape(p.shape))
             at += p.numel()
-    x = torch.from_numpy(np.fromfile(d / "x.bin", dtype="<f4").reshape(SAMPLES, 8))
+    x = torch.from_numpy(np.fromfile(d / "x.bin", dtype="<f4").reshape(SAMPLES, WIDTH))
     y = torch.from_numpy(np.fromfile(d / "y.bin", dtype="<i8"))
     return model, x, y
 
 
-def python_side(d, accumulate, clip):
+def python_side(d, accumulate, clip, policy, checkpoint):
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model, x, y = load(d)
-    fully_shard(model)
+    model, x, y = load(d, checkpoint)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if policy == "bf16" else MixedPrecisionPolicy()
+    for block in model[:3]:
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, fused=True)
     per = GLOBAL // world
     norms = []
@@ -111,46 +144,199 @@ def maxdiff(a, b):
     return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
 
 
+def whole_bytes(shapes, itemsize):
+    """The bytes of a unit's whole parameters as FSDP2 gathers them: torch.chunk's rows
+    ceil(d0 / world) from every rank, padding included."""
+    total = 0
+    for shape in shapes:
+        rows = -(-shape[0] // WORLD) * WORLD
+        total += rows * int(np.prod(shape[1:], dtype=np.int64)) * itemsize
+    return total
+
+
+def expect_whole(out, tag, policy):
+    """After the first forward only the root (and, with reshard_after_forward off, every
+    block) holds whole parameters; after the backward none does."""
+    item = 2 if policy == "bf16" else 4
+    root = whole_bytes([(WIDTH,), (WIDTH,), (CLASSES, WIDTH), (CLASSES,)], item)
+    block = whole_bytes([(WIDTH,), (WIDTH,), (HIDDEN, WIDTH), (HIDDEN,), (WIDTH, HIDDEN),
+                         (WIDTH,)], item)
+    kept = block if tag == "fsdp_keep" else 0
+    want = [f"fsdp whole bytes after forward: ''={root} " +
+            " ".join(f"'{i}'={kept}" for i in range(3)),
+            "fsdp whole bytes after backward: ''=0 '0'=0 '1'=0 '2'=0"]
+    for line in want:
+        if line not in out:
+            print(out)
+            raise SystemExit(f"fsdp_parity: loom {tag}: expected the line {line!r}")
+
+
+def flat_model(ckpt):
+    return np.concatenate([t.reshape(-1).numpy() for t in ckpt["model"].values()])
+
+
+def same_file(a, b):
+    """Whether two checkpoints hold the same keys and bitwise the same tensors."""
+    def walk(x, y, path):
+        if isinstance(x, dict):
+            if not isinstance(y, dict) or list(x) != list(y):
+                return f"{path}: keys {list(x)[:4]}... against {list(y)[:4] if isinstance(y, dict) else y}"
+            for k in x:
+                why = walk(x[k], y[k], f"{path}.{k}")
+                if why:
+                    return why
+            return ""
+        if isinstance(x, (list, tuple)):
+            if len(x) != len(y):
+                return f"{path}: lengths differ"
+            for i, (u, v) in enumerate(zip(x, y)):
+                why = walk(u, v, f"{path}[{i}]")
+                if why:
+                    return why
+            return ""
+        if isinstance(x, torch.Tensor):
+            if (not isinstance(y, torch.Tensor) or x.dtype != y.dtype or x.shape != y.shape
+                    or not torch.equal(x.view(-1).view(torch.uint8) if x.numel() else x,
+                                       y.view(-1).view(torch.uint8) if y.numel() else y)):
+                return f"{path}: tensors differ"
+            return ""
+        return "" if x == y else f"{path}: {x!r} against {y!r}"
+    return walk(a, b, "")
+
+
+def checkpoints(worker, d, py):
+    """rt.save under Fsdp writes one consolidated file (the whole tensors, Python's layout):
+    resumed on 2 ranks it continues bitwise; Python's torch.load reads it; Fsdp on 1 and 4
+    ranks, Ddp and one process load it and save the same file again; Fsdp resumes from the
+    file Ddp wrote."""
+    common = [f"dir={d}", f"samples={SAMPLES}", f"steps={STEPS}"]
+    half = STEPS // 2
+    torchrun(["--no-python", worker, *common, f"save_at={half}", "tag=fsdp_a"], WORLD,
+             "loom fsdp saving at step 10", test="fsdp_parity")
+    ckpt = d / "ckpt_fsdp_a.pt"
+    if not bitwise(py, ranks(d, "fsdp_a")):
+        raise SystemExit("fsdp_parity: the run that saved differs from Python's")
+    torchrun(["--no-python", worker, *common, f"load={ckpt}", f"start={half}", "tag=fsdp_b"],
+             WORLD, "loom fsdp resuming at step 10", test="fsdp_parity")
+    resumed = ranks(d, "fsdp_b")
+    print(f"fsdp checkpoint: saved at step {half} on 2 ranks, resumed on 2: "
+          f"{'bitwise equal' if bitwise(py, resumed) else 'NOT bitwise'} to Python's 20 steps")
+    if not bitwise(py, resumed):
+        raise SystemExit("fsdp_parity: the resumed run differs from the straight one")
+    file = torch.load(ckpt, weights_only=True)
+    saved = np.fromfile(d / "fsdp_a_saved_rank0.bin", dtype="<f4")
+    shapes = {k: tuple(v.shape) for k, v in file["model"].items()}
+    if shapes["0.up.weight"] != (HIDDEN, WIDTH) or shapes["4.weight"] != (CLASSES, WIDTH):
+        raise SystemExit(f"fsdp_parity: the file's model is not whole: {shapes}")
+    if not np.array_equal(flat_model(file).view("<u4"), saved.view("<u4")):
+        raise SystemExit("fsdp_parity: the file's model is not the whole parameters at save")
+    state = file["optimizer"]["state"]
+    if len(state) != 22 or tuple(state[2]["exp_avg"].shape) != (HIDDEN, WIDTH) or \
+            float(state[2]["step"]) != half:
+        raise SystemExit("fsdp_parity: the file's optimizer state is not whole, or not at "
+                         f"step {half}")
+    print(f"fsdp checkpoint: torch.load reads {len(file['model'])} whole tensors and "
+          f"{len(state)} optimizer states (step {half})")
+    for tag, nproc, strategy in (("fsdp1", 1, "fsdp"), ("fsdp4", 4, "fsdp"),
+                                 ("ddp2", 2, "ddp"), ("single", 0, "single")):
+        again = d / f"ckpt_{tag}.pt"
+        launcher = ["--no-python"] if nproc else []  # nproc 0: the worker alone
+        torchrun([*launcher, worker, *common, f"strategy={strategy}", f"load={ckpt}",
+                  f"start={half}", f"resave={again}", f"tag={tag}"], nproc,
+                 f"loom {strategy} on {max(nproc, 1)} loading and saving again",
+                 test="fsdp_parity")
+        why = same_file(file, torch.load(again, weights_only=True))
+        print(f"fsdp checkpoint: loaded by {strategy} on {max(nproc, 1)} rank(s) and saved "
+              f"again: {'the same file' if not why else 'DIFFERENT: ' + why}")
+        if why:
+            raise SystemExit(f"fsdp_parity: {strategy} on {max(nproc, 1)} changed the file: {why}")
+    torchrun(["--no-python", worker, *common, f"load={d / 'ckpt_ddp2.pt'}", f"start={half}",
+              "tag=fsdp_c"], WORLD, "loom fsdp resuming from Ddp's file", test="fsdp_parity")
+    if not bitwise(py, ranks(d, "fsdp_c")):
+        raise SystemExit("fsdp_parity: resumed from Ddp's file, Fsdp differs from Python's")
+    print("fsdp checkpoint: Fsdp resumed from the file Ddp wrote: bitwise equal to Python's")
+
+
+def cuda_smoke(worker, d):
+    """On a GPU (ctest dist.cuda_fsdp, label gpu): loom::Fsdp on one rank over NCCL against
+    one process, 20 steps each on CUDA: with one rank the gather and the reduce-scatter move
+    nothing, so the two must be bitwise equal; bf16 param / f32 reduce runs beside; the peak
+    of allocated bytes of each run is reported."""
+    import re
+    d.mkdir(parents=True, exist_ok=True)
+    write_inputs(d)
+    common = [f"dir={d}", f"samples={SAMPLES}", f"steps={STEPS}", "device=cuda"]
+    runs = {}
+    for tag, nproc, args in (("single", 0, ["strategy=single"]),
+                             ("fsdp", 1, ["strategy=fsdp"]),
+                             ("fsdp_bf16", 1, ["strategy=fsdp", "policy=bf16"])):
+        launcher = ["--no-python"] if nproc else []
+        out = torchrun([*launcher, worker, *common, *args, f"tag={tag}"], nproc,
+                       f"loom {tag} on CUDA", test="cuda_fsdp")
+        peak = re.search(r"peak allocated bytes (\d+)", out)
+        runs[tag] = (np.fromfile(d / f"{tag}_rank0.bin", dtype="<f4"),
+                     int(peak[1]) if peak else -1)
+    same = np.array_equal(runs["single"][0].view("<u4"), runs["fsdp"][0].view("<u4"))
+    line = (f"1 rank NCCL {'bitwise equal' if same else 'NOT bitwise equal'} to one process "
+            f"after {STEPS} steps; peak allocated bytes: one process {runs['single'][1]}, "
+            f"fsdp {runs['fsdp'][1]}, fsdp bf16/f32 {runs['fsdp_bf16'][1]}; bf16 policy "
+            f"max|diff| {float(np.abs(runs['fsdp_bf16'][0] - runs['fsdp'][0]).max()):.3g}")
+    if not same:
+        raise SystemExit(f"dist cuda_fsdp: FAILED: {line}")
+    print(f"dist cuda_fsdp: ok, {line}")
+
+
 def driver(worker, d):
     d.mkdir(parents=True, exist_ok=True)
     write_inputs(d)
     init = np.fromfile(d / "init.bin", dtype="<f4")
-    for k, clip in RUNS:
+    for what, k, clip, policy, ckpt, extra in RUNS:
         for f in [f for ext in ("bin", "norms") for f in d.glob(f"*_rank*.{ext}")]:
             f.unlink()
-        what = "32-true" + (f", {k} micro-batches" if k > 1 else "") + \
-            (f", clip {clip}" if clip else "")
         torchrun([__file__, "--role", "python", "--dir", str(d), "--accumulate", str(k),
-                  "--clip", str(clip)], WORLD, f"Python FSDP2 ({what})", attempts=3,
-                 test="fsdp_parity")
+                  "--clip", str(clip), "--policy", policy, "--checkpoint", str(ckpt)], WORLD,
+                 f"Python FSDP2 ({what})", attempts=3, test="fsdp_parity")
         py = ranks(d, "python")
         if not bitwise(py[:1], py[1:]):
             raise SystemExit(f"fsdp_parity: Python's ranks differ ({what})")
-        for strategy in ("fsdp", "ddp"):
-            torchrun(["--no-python", worker, f"dir={d}", f"samples={SAMPLES}", f"steps={STEPS}",
-                      f"accumulate={k}", f"clip={clip}", f"strategy={strategy}",
-                      f"tag={strategy}"], WORLD, f"loom {strategy} ({what})",
-                     test="fsdp_parity")
-            lm = ranks(d, strategy)
+        if what == "32-true":
+            py_true = py
+        common = [f"dir={d}", f"samples={SAMPLES}", f"steps={STEPS}", f"accumulate={k}",
+                  f"clip={clip}", f"policy={policy}", f"checkpoint={ckpt}"]
+        loom_runs = [("fsdp", ["strategy=fsdp"]), *extra]
+        if not policy:
+            loom_runs.append(("ddp", ["strategy=ddp"]))
+        for tag, args in loom_runs:
+            out = torchrun(["--no-python", worker, *common, *args, f"tag={tag}"], WORLD,
+                           f"loom {tag} ({what})", test="fsdp_parity")
+            required = tag != "ddp"
+            if required and "fsdp units: ''=4 '0'=6 '1'=6 '2'=6" not in out:
+                print(out)
+                raise SystemExit("fsdp_parity: loom's units are not the root (4 parameters) "
+                                 "and three blocks (6 each)")
+            if required:
+                expect_whole(out, tag, policy)
+            lm = ranks(d, tag)
             same = bitwise(py, lm)
-            line = (f"fsdp parity {what}: loom {strategy} vs Python fully_shard max|diff| "
+            line = (f"fsdp parity {what}: loom {tag} vs Python fully_shard max|diff| "
                     f"{maxdiff(py, lm):g} ({'bitwise equal' if same else 'NOT bitwise'}), "
                     f"moved from init by {float(np.abs(lm[0] - init).max()):.3g}")
             if clip:
-                pn, ln = norms(d, "python"), norms(d, strategy)
+                pn, ln = norms(d, "python"), norms(d, tag)
                 equal = pn == ln
                 active = sum(n > clip for n in pn[0])
                 line += (f"; norms {'bitwise equal' if equal else 'NOT equal'} at each of "
                          f"{STEPS} steps, clipping active on {active}")
-                if strategy == "fsdp" and (not equal or active == 0):
+                if required and (not equal or active == 0):
                     print(line)
-                    raise SystemExit(f"fsdp_parity: loom fsdp's norms ({what}) are not "
+                    raise SystemExit(f"fsdp_parity: loom {tag}'s norms ({what}) are not "
                                      f"Python's, or clipping never acted")
             print(line)
-            if strategy == "fsdp" and not same:
-                raise SystemExit(f"fsdp_parity: loom fsdp ({what}) differs from Python's FSDP2")
+            if required and not same:
+                raise SystemExit(f"fsdp_parity: loom {tag} ({what}) differs from Python's FSDP2")
             if not bitwise(lm[:1], lm[1:]):
-                raise SystemExit(f"fsdp_parity: loom {strategy}'s ranks differ ({what})")
+                raise SystemExit(f"fsdp_parity: loom {tag}'s ranks differ ({what})")
+    checkpoints(worker, d, py_true)
     print("dist fsdp: ok")
 
 
@@ -161,10 +347,15 @@ def main():
     ap.add_argument("--dir", required=True)
     ap.add_argument("--accumulate", type=int, default=1)
     ap.add_argument("--clip", type=float, default=0.0)
+    ap.add_argument("--policy", default="")
+    ap.add_argument("--checkpoint", type=int, default=0)
+    ap.add_argument("--cuda", action="store_true")
     a = ap.parse_args()
     d = Path(a.dir)
-    if a.role == "python":
-        python_side(d, a.accumulate, a.clip)
+    if a.cuda:
+        cuda_smoke(a.worker, d)
+    elif a.role == "python":
+        python_side(d, a.accumulate, a.clip, a.policy, a.checkpoint)
     else:
         driver(a.worker, d)
 

@@ -221,4 +221,17 @@ struct strategy_check {
       strategy_rows_check<std::conditional_t<mistake, skip_checks, S>>::value;
 };
 
+/// The optional row `S::takes_precision(name)`: a strategy may refuse a precision (by its
+/// Lightning name) at compile time; one without the row takes every precision.
+template <class S, class P>
+constexpr bool strategy_takes_precision() {
+  if constexpr (requires {
+                  { S::takes_precision(P::precision()) } -> std::same_as<bool>;
+                }) {
+    return S::takes_precision(P::precision());
+  } else {
+    return true;
+  }
+}
+
 }  // namespace loom::detail

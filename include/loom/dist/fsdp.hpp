@@ -7,18 +7,26 @@
 //
 //   loom::Runtime<loom::Cpu, loom::Fp32, loom::Fsdp> rt;
 //   rt.setup(model, optimizer);   // each parameter now this rank's piece (optimizer too)
-//   auto loss = ...rt.forward(model, x)...;   // the parameters gathered whole first
+//   auto loss = ...rt.forward(model, x)...;   // each unit's parameters gathered before it
 //   rt.backward(loss, model);     // gradients reduce-scattered: this rank's piece, averaged
 //   rt.optimizer_step(optimizer); // steps the pieces
 //
-// This is FSDP2 with one unit, the root (Python's `fully_shard(model)` alone): the whole
-// parameters live from the forward to the end of the backward, as the root's do in FSDP2
-// (which does not reshard the root after its forward); between steps a rank holds 1/world of
-// the parameters, gradients and optimizer state. Declarations only: src/dist/fsdp.cpp
-// (the loom::dist library).
+// The units are FSDP2's: each loom::FsdpUnit<Block> inside the model (nn/fsdp_unit.hpp,
+// Python's fully_shard(block)) and the root, the model itself, which holds every parameter no
+// unit does (Python's fully_shard(model) last). A unit's parameters are gathered (one
+// all-gather) when its forward starts, freed when it ends (reshard_after_forward), gathered
+// again when the gradients reach its outputs, and reduce-scattered (one reduce-scatter) when
+// the backward has passed its inputs; the root's are gathered by the runtime's forward and
+// kept to the end of the backward, as FSDP2 keeps the root's. At most the root and the units
+// running hold whole parameters; between steps a rank holds 1/world of the parameters,
+// gradients and optimizer state. Declarations only: src/dist/fsdp.cpp (the loom::dist
+// library).
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -26,21 +34,54 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <loom/checkpoint/checkpoint_io.hpp>
 #include <loom/concepts/strategy.hpp>
 #include <loom/dist/process_group.hpp>
+#include <loom/nn/fsdp_unit.hpp>
 #include <loom/state_dict.hpp>
 #include <loom/step_result.hpp>
 
 namespace loom::dist {
 
+/// FSDP2's MixedPrecisionPolicy: the dtypes a unit computes and reduces in, while the
+/// pieces (and so the optimizer) keep the parameters' own dtype.
+struct MixedPrecisionPolicy {
+  /// The dtype the pieces are cast to before the all-gather: the forward and backward run on
+  /// whole parameters of this dtype (bf16: half the gather's bytes). None: their own.
+  std::optional<c10::ScalarType> param_dtype;
+  /// The dtype the gradients are reduced in (cast into the reduce-scatter's buffer; gradients
+  /// accumulated under no_sync are summed in it), then cast to the pieces' dtype. None: the
+  /// gradients' own.
+  std::optional<c10::ScalarType> reduce_dtype;
+  /// Each unit casts its floating-point tensor arguments to param_dtype before its forward.
+  /// The root casts nothing (the runtime's forward gives the model its inputs as they are):
+  /// a root whose own parameters meet the model's inputs first needs them in param_dtype, or
+  /// the model made a unit itself (FsdpUnit<Net>: it casts, as Python's root does).
+  bool cast_forward_inputs = true;
+};
+
 /// loom::Fsdp's settings.
 struct FsdpOptions {
   /// The process group's: the timeout of the rendezvous and every collective, the backend.
   GroupOptions group;
+  /// FSDP2's reshard_after_forward: a unit frees its whole parameters when its forward ends
+  /// and gathers them again for its backward (true), or keeps them to the end of its backward
+  /// (false: one all-gather less per unit, the memory of the whole unit held meanwhile). The
+  /// root always keeps them, as in FSDP2.
+  bool reshard_after_forward = true;
+  /// FSDP2's mp_policy (default: every unit in the parameters' own dtype).
+  MixedPrecisionPolicy mixed_precision;
+};
+
+/// One unit of a loom::Fsdp, as Fsdp::units() describes it.
+struct FsdpUnitInfo {
+  std::string path;             // in the module: "" for the root, "blocks.0"
+  std::size_t parameters = 0;   // how many it holds
+  std::size_t whole_bytes = 0;  // the bytes of its whole parameters held now (0: sharded)
 };
 
 namespace detail {
@@ -60,9 +101,9 @@ class FsdpNoSync {
   bool previous_;
 };
 
-/// Fully sharded data parallelism (PyTorch's FSDP2, the root as the one unit); see the top of
-/// this header. Every rank must build the same module; setup broadcasts rank 0's parameters
-/// and buffers before sharding, as Ddp does, so the ranks start from one model.
+/// Fully sharded data parallelism (PyTorch's FSDP2); see the top of this header. Every rank must
+/// build the same module; setup broadcasts rank 0's parameters and buffers before sharding, as Ddp
+/// does, so the ranks start from one model.
 ///
 /// A rank's piece of a parameter of d0 rows: with c = ceil(d0 / world), the rows
 /// [min(rank * c, d0), min((rank + 1) * c, d0)), as FSDP2's `to_local()`. The gradient of the
@@ -71,6 +112,11 @@ class FsdpNoSync {
 class Fsdp : public GroupDefaults<Fsdp> {
  public:
   static constexpr std::string_view strategy() { return "fsdp"; }
+  /// Every precision but 16-mixed, refused at compile time (its loss scaler would check each
+  /// rank's pieces alone, and the ranks could disagree on skipping a step).
+  static constexpr bool takes_precision(std::string_view precision) {
+    return precision != "16-mixed";
+  }
 
   /// Reads and validates the environment; connects nothing yet (setup() does).
   Fsdp();
@@ -79,16 +125,18 @@ class Fsdp : public GroupDefaults<Fsdp> {
   Fsdp& operator=(Fsdp&&) noexcept;
   ~Fsdp();
 
-  /// Connects the group, broadcasts rank 0's parameters and buffers, then keeps this rank's
-  /// piece of every parameter (the module's parameter tensors, and so the optimizer's, hold
-  /// the pieces from here on). A parameter of no dimension is a loom::Error.
+  /// Connects the group, broadcasts rank 0's parameters and buffers, finds the units (each
+  /// FsdpUnit inside `module`, and the root: `module`), then keeps this rank's piece of every
+  /// parameter (the module's parameter tensors, and so the optimizer's, hold the pieces from
+  /// here on). A parameter belongs to the innermost unit holding it. A parameter of no
+  /// dimension is a loom::Error.
   void setup(torch::nn::Module& module, c10::Device device, std::string_view backend);
-  /// Gathers every parameter whole (one all-gather), unless they are whole already.
+  /// Gathers the root's parameters whole (one all-gather per dtype), unless they are whole.
   void pre_forward();
-  /// `step` (the precision's backward) on the whole parameters, then the gradients
-  /// reduce-scattered (each rank keeps its piece, averaged) and the parameters cut to their
-  /// pieces again; under no_sync() the whole gradients accumulate instead, and the
-  /// parameters stay whole.
+  /// `step` (the precision's backward), during which each unit's gradients are
+  /// reduce-scattered as the backward leaves it; then those of every unit it did not leave
+  /// through a tensor that requires grad (the root, a unit fed the data) and every unit's
+  /// parameters back to their pieces. Under no_sync() the whole gradients accumulate instead.
   template <class Step>
   void backward(const at::Tensor& loss, Step&& step) {
     (void)loss;
@@ -96,8 +144,8 @@ class Fsdp : public GroupDefaults<Fsdp> {
     post_backward();
   }
   /// Gradient accumulation (FSDP2's set_requires_gradient_sync(False)): backwards within the
-  /// guard's scope accumulate whole gradients locally; the first backward after it reduces
-  /// their sum once.
+  /// guard's scope accumulate whole gradients locally (in reduce_dtype where the policy names
+  /// one); the first backward after it reduces their sum once.
   [[nodiscard]] FsdpNoSync no_sync();
 
   /// The precision's step on the pieces. A step while the gradients are not reduced (every
@@ -120,13 +168,20 @@ class Fsdp : public GroupDefaults<Fsdp> {
   const FsdpOptions& options() const;
   ProcessGroup& process_group() { return group_; }
   const ProcessGroup& process_group() const { return group_; }
-  /// Whether the parameters are whole now (between a forward and the end of its backward).
+  /// Whether the root's parameters are whole now (between a forward and the end of its
+  /// backward).
   bool unsharded() const;
+  /// The units, the root first, then each FsdpUnit in the module's order. Empty before setup.
+  std::vector<FsdpUnitInfo> units() const;
   /// Every parameter whole (FSDP2's full_tensor()), in the module's order, as copies: a
   /// collective every rank calls (one all-gather per dtype).
   std::vector<at::Tensor> full_parameters();
 
-  /// rt.save and rt.load: not yet (a loom::Error naming the strategy).
+  /// rt.save: one consolidated file (FSDP2's full state dict): every tensor of the module and
+  /// optimizer entries that is a piece (a parameter, an optimizer state of its shape) gathered
+  /// whole on every rank, rank 0 writes; the same file SingleProcess and Ddp write, which any
+  /// strategy loads at any world size. rt.load: any such file (of any strategy, at any world
+  /// size; Zero's sharded ones merged), each whole tensor cut to this rank's piece.
   void save_checkpoint(const std::filesystem::path& path, const State& state,
                        const checkpoint::CheckpointIO& io);
   c10::IValue load_checkpoint(const std::filesystem::path& path, const State& state,
@@ -148,4 +203,6 @@ class Fsdp : public GroupDefaults<Fsdp> {
 namespace loom {
 using dist::Fsdp;
 using dist::FsdpOptions;
+using dist::FsdpUnitInfo;
+using dist::MixedPrecisionPolicy;
 }  // namespace loom

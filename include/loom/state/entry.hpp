@@ -315,6 +315,11 @@ class StateEntry {
     auto* mut = const_cast<std::remove_const_t<T>*>(&object);
     kind_ = Traits::kind;
     copies_tensors_ = Traits::copies_tensors;
+    if constexpr (state::detail::module_like<std::remove_const_t<T>>) {
+      module_ = &loom::detail::as_module(*mut);
+    } else if constexpr (state::detail::optimizer_entry<std::remove_const_t<T>>) {
+      optimizer_ = mut;
+    }
     save_ = [mut](const std::string& path) { return c10::IValue(Traits::save(*mut, path)); };
     if constexpr (std::is_const_v<T>) {
       load_ = [](const c10::IValue&, const std::string& path, const LoadOptions&) {
@@ -330,6 +335,12 @@ class StateEntry {
   const std::string& name() const noexcept { return name_; }
   /// What the object is (a module, an optimizer, the runtime...): entry_traits<T>::kind.
   state::EntryKind kind() const noexcept { return kind_; }
+  /// The module of an entry that refers to one (a module, a holder, a shared_ptr to one),
+  /// else null: what a strategy that shards the module's tensors maps its pieces through.
+  torch::nn::Module* module() const noexcept { return module_; }
+  /// The optimizer of an entry that refers to one (derived from torch::optim::Optimizer), else
+  /// null: its parameters number the entry's per-parameter states.
+  torch::optim::Optimizer* optimizer() const noexcept { return optimizer_; }
   /// The object's value for the file.
   c10::IValue save() const { return save_(name_); }
   /// Restores the object from the value rt.load just read from a file (an optimizer keeps
@@ -345,6 +356,8 @@ class StateEntry {
  private:
   state::EntryKind kind_ = state::EntryKind::Value;
   bool copies_tensors_ = false;
+  torch::nn::Module* module_ = nullptr;
+  torch::optim::Optimizer* optimizer_ = nullptr;
   std::string name_;
   std::function<c10::IValue(const std::string&)> save_;
   std::function<void(const c10::IValue&, const std::string&, const LoadOptions&)> load_;

@@ -345,7 +345,14 @@ TEST_CASE("entry_traits checkpoints a type of the user's; each entry has its kin
     CHECK(kinds[i].kind() == expected[i]);
     const bool copies = expected[i] == EntryKind::Module || expected[i] == EntryKind::Optimizer;
     CHECK(kinds[i].copies_tensors() == copies);
+    // The object of a module or optimizer entry, for a strategy that maps its shards.
+    CHECK((kinds[i].module() != nullptr) == (expected[i] == EntryKind::Module));
+    CHECK((kinds[i].optimizer() != nullptr) == (expected[i] == EntryKind::Optimizer));
   }
+  CHECK(kinds[0].module() == model.get());
+  CHECK(kinds[1].module() == model.get());
+  CHECK(kinds[2].optimizer() == &opt);
+  CHECK(kinds[3].optimizer() == &torch_sgd);
   // A Runtime has state_dict() too, and still saves as the runtime's entry.
   CHECK(loom::StateEntry("runtime", rt).save().toGenericDict().contains("precision"));
   CHECK(loom::StateEntry("width", width).save().toInt() == 2);
