@@ -1,6 +1,7 @@
 #pragma once
 // A counting CPU allocator for the memory benchmarks: installed in front of c10's, it counts the
-// bytes the CPU allocator holds and their peak.
+// bytes the CPU allocator holds and their peak, and can refuse to hold more than a limit (a
+// rank's memory limit, as a cgroup would set it, without the processes' other mappings).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +19,14 @@ namespace loom::bench {
 class CountingAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(std::size_t n) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (limit_ > 0 && held_ + static_cast<int64_t>(n) > limit_) {
+        TORCH_CHECK_WITH(OutOfMemoryError, false, "CountingAllocator: ", n,
+                         " bytes more would exceed the limit of ", limit_, " bytes (", held_,
+                         " held)");
+      }
+    }
     void* p = c10::alloc_cpu(n);
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -39,6 +48,11 @@ class CountingAllocator final : public c10::Allocator {
   int64_t peak() {
     std::lock_guard<std::mutex> lock(mutex_);
     return peak_;
+  }
+  /// Allocations beyond `bytes` held in all fail with c10::OutOfMemoryError (0: no limit).
+  void set_limit(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    limit_ = bytes;
   }
   void reset_peak() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -67,7 +81,7 @@ class CountingAllocator final : public c10::Allocator {
 
   std::mutex mutex_;
   std::unordered_map<void*, std::size_t> sizes_;
-  int64_t held_ = 0, peak_ = 0;
+  int64_t held_ = 0, peak_ = 0, limit_ = 0;
 };
 
 }  // namespace loom::bench

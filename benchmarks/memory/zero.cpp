@@ -1,16 +1,20 @@
-// What ZeRO saves, per rank: parameters, gradients and optimizer state held by each rank, and
-// the step time, for loom::Ddp and loom::Zero stage 1 and stage 2. One strategy per launch;
-// zero_memory.py runs them side by side at 2 and 4 ranks (docs/memory.md).
+// What sharding saves, per rank: parameters, gradients and optimizer state held by each rank,
+// and the step time, for loom::Ddp, loom::Zero stage 1 and stage 2 and loom::Fsdp. One strategy
+// per launch; zero_memory.py runs them side by side at 2 and 4 ranks (docs/memory.md).
 //
-//   torchrun --standalone --nproc-per-node=2 --no-python loom_bench_zero --strategy zero2
+//   torchrun --standalone --nproc-per-node=2 --no-python loom_bench_zero --strategy fsdp
 //            [--layers 8] [--width 1600] [--batch 32] [--steps 12] [--bucket-mib 4]
+//            [--limit-mib N]
 //
-// The model: Linear(width, width) x layers, Tanh between them (8 x 1600: 20.5 M parameters),
-// fused AdamW. After each step (gradients still held, before zero_grad) every rank counts the
-// bytes of the module's parameters, of the gradients it holds and of its optimizer state
-// (loom's optimizer table names the state tensors); the peak is the counting CPU allocator's
-// highest total during the step (forward, backward, reduction, step). Rank 0 prints one JSON
-// line: the largest figure of any rank, the step time (the median of --steps after 2 warm-ups).
+// The model: Linear(width, width) x layers, Tanh between them (8 x 1600: 20.5 M parameters;
+// 20 x 1600: 51.2 M), each Linear a loom::FsdpUnit (Fsdp's units; a plain Linear under the
+// other strategies), fused AdamW. --limit-mib: the counting allocator refuses to hold more
+// (a rank's memory limit); a run that hits it prints {"strategy": ..., "out_of_memory": ...}. After
+// each step (gradients still held, before zero_grad) every rank counts the bytes of the module's
+// parameters, of the gradients it holds and of its optimizer state (loom's optimizer table names
+// the state tensors); the peak is the counting CPU allocator's highest total during the step
+// (forward, backward, reduction, step). Rank 0 prints one JSON line: the largest figure of any
+// rank, the step time (the median of --steps after 2 warm-ups).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -57,12 +61,13 @@ std::vector<std::int64_t> held(torch::nn::Module& model, const torch::optim::Opt
   return {params, grads, state};
 }
 
+template <class R, class M>
+int train(R& rt, M& model, loom::optim::AdamW& opt, const std::string& name, int argc, char** argv);
+
 template <class S>
 int run(S strategy, const std::string& name, int argc, char** argv) {
   const int layers = std::stoi(flag(argc, argv, "--layers", "8"));
   const int width = std::stoi(flag(argc, argv, "--width", "1600"));
-  const int batch = std::stoi(flag(argc, argv, "--batch", "32"));
-  const int steps = std::stoi(flag(argc, argv, "--steps", "12"));
   CountingAllocator& counter = CountingAllocator::instance();
   c10::SetCPUAllocator(&counter, /*priority=*/1);
   loom::Runtime<loom::Cpu, loom::Fp32, S> rt(loom::Cpu{}, loom::Fp32{}, std::move(strategy));
@@ -70,10 +75,36 @@ int run(S strategy, const std::string& name, int argc, char** argv) {
   torch::nn::Sequential model;
   for (int i = 0; i < layers; ++i) {
     if (i > 0) model->push_back(torch::nn::Tanh());
-    model->push_back(torch::nn::Linear(width, width));
+    model->push_back(loom::FsdpUnit<torch::nn::Linear>(width, width));
   }
   loom::optim::AdamW opt(model->parameters(), loom::optim::AdamWOptions(1e-4));
-  rt.setup(model, opt);
+  counter.set_limit(std::stoll(flag(argc, argv, "--limit-mib", "0")) << 20);
+  auto& s = rt.strategy();
+  try {
+    rt.setup(model, opt);
+    return train(rt, model, opt, name, argc, argv);
+  } catch (const std::exception& e) {
+    // The limit (through the autograd engine or a collective, perhaps rewrapped): this rank
+    // reports, the others may wait for it in a collective (torchrun's agent ends them when
+    // this one exits).
+    const std::string what = e.what();
+    if (what.find("exceed the limit") == std::string::npos) throw;
+    std::printf(
+        "{\"strategy\": \"%s\", \"world\": %d, \"rank\": %d, \"out_of_memory\": "
+        "\"the counting allocator's limit\"}\n",
+        name.c_str(), s.world_size(), s.rank());
+    std::fflush(stdout);
+    std::_Exit(3);
+  }
+}
+
+template <class R, class M>
+int train(R& rt, M& model, loom::optim::AdamW& opt, const std::string& name, int argc,
+          char** argv) {
+  const int width = std::stoi(flag(argc, argv, "--width", "1600"));
+  const int batch = std::stoi(flag(argc, argv, "--batch", "32"));
+  const int steps = std::stoi(flag(argc, argv, "--steps", "12"));
+  CountingAllocator& counter = CountingAllocator::instance();
   auto& s = rt.strategy();
   torch::manual_seed(1 + s.rank());
   const at::Tensor x = at::randn({batch, width});
@@ -122,6 +153,7 @@ int main(int argc, char** argv) {
   try {
     const std::string strategy = flag(argc, argv, "--strategy", "ddp");
     if (strategy == "ddp") return run(loom::Ddp(), strategy, argc, argv);
+    if (strategy == "fsdp") return run(loom::Fsdp(), strategy, argc, argv);
     loom::ZeroOptions o;
     o.bucket_bytes = static_cast<std::size_t>(std::stoi(flag(argc, argv, "--bucket-mib", "4")))
                      << 20;
@@ -132,7 +164,7 @@ int main(int argc, char** argv) {
       o.stage = strategy == "zero1" ? 1 : 2;
       return run(loom::Zero(o), strategy, argc, argv);
     }
-    std::fprintf(stderr, "loom_bench_zero: --strategy is ddp, zero1 or zero2, not %s\n",
+    std::fprintf(stderr, "loom_bench_zero: --strategy is ddp, zero1, zero2 or fsdp, not %s\n",
                  strategy.c_str());
     return 2;
   } catch (const std::exception& e) {

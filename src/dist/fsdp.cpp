@@ -26,6 +26,8 @@
 #include <loom/nn/fsdp_unit.hpp>
 #include <loom/state/entry.hpp>
 
+#include "group_state.hpp"
+
 namespace loom::dist {
 
 namespace detail {
@@ -54,6 +56,29 @@ struct FsdpParam {
   at::Tensor piece() const { return padded.narrow(0, 0, local); }
 };
 
+/// An all-gather of a unit's pieces in flight, one per dtype (started by a prefetch or by the
+/// unit itself, waited when the unit needs its parameters).
+struct PendingGather {
+  struct Part {
+    std::vector<FsdpParam*> members;
+    at::Tensor input, output;
+    Work work;
+  };
+  std::vector<Part> parts;
+};
+
+/// A reduce-scatter of a unit's gradients in flight, one per dtype (waited at the end of the
+/// backward, so that it runs beside the backward of the units before it).
+struct PendingReduce {
+  struct Part {
+    std::vector<FsdpParam*> members;
+    c10::ScalarType dtype = c10::kFloat;
+    at::Tensor input, output;
+    Work work;
+  };
+  std::vector<Part> parts;
+};
+
 class Unit;
 
 struct FsdpState {
@@ -63,6 +88,8 @@ struct FsdpState {
   std::vector<FsdpParam*> order;             // every parameter, in the module's order
   bool sync = true;                          // no no_sync guard lives
   int64_t unreduced_backwards = 0;           // backwards under no_sync since the last reduction
+  std::vector<Unit*> forward_order;          // the units below the root, as this forward ran them
+  std::vector<Unit*> last_order;             // and as the forward before it did (forward prefetch)
 
   ~FsdpState();
 };
@@ -77,12 +104,19 @@ class Unit final : public nn::detail::UnitHooks, public std::enable_shared_from_
   std::vector<at::Tensor> before_forward(std::vector<at::Tensor> inputs) override;
   void after_forward(const std::vector<at::Tensor>& outputs) override;
 
-  /// The parameters whole: one all-gather per dtype of the pieces (cast to param_dtype).
+  /// The parameters whole: one all-gather per dtype of the pieces (cast to param_dtype),
+  /// started here unless a prefetch started it.
   void unshard();
+  /// Starts the all-gather of unshard() without waiting for it (`prefetch`: ahead of need).
+  void start_unshard(bool prefetch);
+  /// Waits for the reduce-scatters post_backward started and adds each piece's gradient to
+  /// its parameter's.
+  void finish_reduce();
   /// The parameters back to their pieces, the whole ones' storage emptied.
   void reshard();
-  /// When the gradients reach the unit's outputs: gathered again.
-  void pre_backward() { unshard(); }
+  /// When the gradients reach the unit's outputs: gathered again, and the unit before it in
+  /// the forward starts gathering (backward prefetch, one unit ahead).
+  void pre_backward();
   /// When the backward has left the unit: its gradients reduce-scattered (or accumulated
   /// under no_sync), its parameters resharded.
   void post_backward();
@@ -92,8 +126,13 @@ class Unit final : public nn::detail::UnitHooks, public std::enable_shared_from_
   std::string path;
   bool root;
   bool unsharded = false;
+  std::optional<PendingGather> gathering;
+  std::optional<PendingReduce> reducing;
+  std::size_t gathers = 0, prefetched = 0;  // all-gathers started, and by a prefetch
 
  private:
+  c10::ScalarType gather_dtype(const FsdpParam& f) const;
+
   FsdpState* fsdp_;  // null once the strategy is gone: the hooks then do nothing
 };
 
@@ -161,13 +200,11 @@ void resize_storage(const at::Tensor& t, std::size_t bytes) {
   storage->set_nbytes(bytes);
 }
 
-/// The pieces of `params` gathered: for each dtype (of `dtype_of(f)`), every rank's padded
-/// pieces cast to it, back to back, one all-gather; `take(f, part)` receives each
-/// parameter's (world, c * row) part of the result, rank after rank, which read row by row
-/// is the whole parameter followed by the padding rows.
-template <class DtypeOf, class Take>
-void gather_pieces(ProcessGroup& group, const std::vector<FsdpParam*>& params, DtypeOf dtype_of,
-                   Take take) {
+/// Starts gathering the pieces of `params`: for each dtype (of `dtype_of(f)`), every rank's
+/// padded pieces cast to it, back to back, one all-gather (asynchronous).
+template <class DtypeOf>
+detail::PendingGather start_gather(ProcessGroup& group, const std::vector<FsdpParam*>& params,
+                                   DtypeOf dtype_of) {
   const int world = group.world_size();
   at::NoGradGuard no_grad;
   std::vector<c10::ScalarType> dtypes;
@@ -176,29 +213,67 @@ void gather_pieces(ProcessGroup& group, const std::vector<FsdpParam*>& params, D
       dtypes.push_back(dtype_of(*f));
     }
   }
+  detail::PendingGather out;
   for (const auto dtype : dtypes) {
-    std::vector<FsdpParam*> members;
+    detail::PendingGather::Part part;
     int64_t numel = 0;
     for (auto* f : params) {
       if (dtype_of(*f) != dtype) continue;
-      members.push_back(f);
+      part.members.push_back(f);
       numel += f->padded_numel();
     }
-    at::Tensor input = at::empty({numel}, members.front()->padded.options().dtype(dtype));
+    part.input = at::empty({numel}, part.members.front()->padded.options().dtype(dtype));
     int64_t at = 0;
-    for (const auto* f : members) {
-      input.narrow(0, at, f->padded_numel()).view(f->shape(f->chunk)).copy_(f->padded);
+    for (const auto* f : part.members) {
+      part.input.narrow(0, at, f->padded_numel()).view(f->shape(f->chunk)).copy_(f->padded);
       at += f->padded_numel();
     }
-    at::Tensor output = at::empty({numel * world}, input.options());
-    group.all_gather_into(output, input);
-    const at::Tensor by_rank = output.view({world, numel});
-    at = 0;
-    for (auto* f : members) {
+    part.output = at::empty({numel * world}, part.input.options());
+    detail::GroupState& state = group.state();
+    if (!state.group) {
+      part.output.copy_(part.input);
+    } else {
+      try {
+        part.work = detail::all_gather_into(state, part.output, part.input);
+      } catch (...) {
+        group.fail("all_gather_into", std::current_exception());
+      }
+    }
+    out.parts.push_back(std::move(part));
+  }
+  return out;
+}
+
+/// Waits for `pending`; `take(f, part)` receives each parameter's (world, c * row) part of
+/// the result, rank after rank, which read row by row is the whole parameter followed by the
+/// padding rows.
+template <class Take>
+void finish_gather(ProcessGroup& group, detail::PendingGather& pending, Take take) {
+  const int world = group.world_size();
+  at::NoGradGuard no_grad;
+  for (auto& part : pending.parts) {
+    if (part.work.get()) {
+      try {
+        part.work.wait();
+      } catch (...) {
+        group.fail("all_gather_into", std::current_exception());
+      }
+    }
+    const at::Tensor by_rank = part.output.view({world, part.input.numel()});
+    int64_t at = 0;
+    for (auto* f : part.members) {
       take(*f, by_rank.narrow(1, at, f->padded_numel()));
       at += f->padded_numel();
     }
   }
+}
+
+/// The pieces of `params` gathered (start_gather, then finish_gather).
+template <class DtypeOf, class Take>
+void gather_pieces(ProcessGroup& group, const std::vector<FsdpParam*>& params, DtypeOf dtype_of,
+                   Take take) {
+  auto pending = start_gather(group, params, dtype_of);
+  finish_gather(group, pending, take);
 }
 
 std::vector<FsdpParam*> pointers(std::vector<FsdpParam>& params) {
@@ -242,17 +317,29 @@ std::vector<at::Tensor> gather_whole(ProcessGroup& group,
 
 namespace detail {
 
+c10::ScalarType Unit::gather_dtype(const FsdpParam& f) const {
+  const auto own = f.padded.scalar_type();
+  const auto param_dtype = fsdp_->options.mixed_precision.param_dtype;
+  return param_dtype && at::isFloatingType(own) ? *param_dtype : own;
+}
+
+void Unit::start_unshard(bool prefetch) {
+  if (unsharded || gathering || fsdp_ == nullptr || params.empty()) return;
+  ++gathers;
+  if (prefetch) ++prefetched;
+  gathering = start_gather(*fsdp_->group, pointers(params),
+                           [this](const FsdpParam& f) { return gather_dtype(f); });
+}
+
 void Unit::unshard() {
   if (unsharded || fsdp_ == nullptr) return;
-  unsharded = true;
-  if (params.empty()) return;
-  const auto param_dtype = fsdp_->options.mixed_precision.param_dtype;
-  auto dtype_of = [&](const FsdpParam& f) {
-    const auto own = f.padded.scalar_type();
-    return param_dtype && at::isFloatingType(own) ? *param_dtype : own;
-  };
+  if (params.empty()) {
+    unsharded = true;
+    return;
+  }
+  start_unshard(/*prefetch=*/false);
   const int world = fsdp_->group->world_size();
-  gather_pieces(*fsdp_->group, pointers(params), dtype_of, [&](FsdpParam& f, at::Tensor part) {
+  finish_gather(*fsdp_->group, *gathering, [&](FsdpParam& f, const at::Tensor& part) {
     const auto dtype = part.scalar_type();
     if (!f.whole.defined() || f.whole.scalar_type() != dtype) {
       f.whole = at::empty(f.shape(f.chunk * world), part.options());
@@ -261,15 +348,21 @@ void Unit::unshard() {
     }
     f.whole.view({world, f.padded_numel()}).copy_(part);
   });
+  gathering.reset();
   at::NoGradGuard no_grad;
   for (auto& f : params) {
     f.grad = f.param.grad();  // the piece's gradient (accumulating over steps), put aside
     if (f.grad.defined()) f.param.mutable_grad() = at::Tensor();
     f.param.set_data(f.whole.narrow(0, 0, f.sizes[0]));
   }
+  unsharded = true;
 }
 
 void Unit::reshard() {
+  if (gathering && fsdp_ != nullptr) {  // a prefetch nobody used: waited for, dropped
+    finish_gather(*fsdp_->group, *gathering, [](FsdpParam&, const at::Tensor&) {});
+    gathering.reset();
+  }
   if (!unsharded) return;
   at::NoGradGuard no_grad;
   for (auto& f : params) {
@@ -284,6 +377,16 @@ void Unit::reshard() {
 std::vector<at::Tensor> Unit::before_forward(std::vector<at::Tensor> inputs) {
   if (fsdp_ == nullptr) return inputs;
   unshard();
+  if (!root) {
+    // Forward prefetch, one unit ahead: the unit that followed this one in the last forward
+    // starts gathering while this one computes.
+    auto& s = *fsdp_;
+    const std::size_t at = s.forward_order.size();
+    s.forward_order.push_back(this);
+    if (s.options.forward_prefetch && at + 1 < s.last_order.size() && s.last_order[at] == this) {
+      s.last_order[at + 1]->start_unshard(/*prefetch=*/true);
+    }
+  }
   const auto& policy = fsdp_->options.mixed_precision;
   if (policy.param_dtype && policy.cast_forward_inputs) {
     for (auto& t : inputs) {
@@ -359,7 +462,8 @@ void Unit::post_backward() {
   reshard();  // the pieces' earlier gradients are back on the parameters
   const int world = group.world_size();
   // One reduce-scatter per dtype: row r of the input is every gradient's rows of rank r's
-  // piece (zero rows past the end), as FSDP2's chunk_cat lays them out.
+  // piece (zero rows past the end), as FSDP2's chunk_cat lays them out. Started here, waited
+  // for at the end of the backward (finish_reduce).
   std::vector<c10::ScalarType> dtypes;
   auto dtype_of = [&](std::size_t i) { return reduce_dtype.value_or(grads[i].scalar_type()); };
   for (std::size_t i = 0; i < grads.size(); ++i) {
@@ -367,22 +471,26 @@ void Unit::post_backward() {
       dtypes.push_back(dtype_of(i));
     }
   }
+  if (!reducing) reducing.emplace();
   for (const auto dtype : dtypes) {
+    PendingReduce::Part part;
+    part.dtype = dtype;
     std::vector<std::size_t> members;
     int64_t numel = 0;
     for (std::size_t i = 0; i < grads.size(); ++i) {
       if (dtype_of(i) != dtype) continue;
       members.push_back(i);
+      part.members.push_back(with_grad[i]);
       numel += with_grad[i]->padded_numel();
     }
-    at::Tensor input = at::empty({world, numel}, grads[members.front()].options().dtype(dtype));
+    part.input = at::empty({world, numel}, grads[members.front()].options().dtype(dtype));
     int64_t at = 0;
     for (const auto i : members) {
       const FsdpParam& f = *with_grad[i];
       const at::Tensor g = grads[i].reshape({-1});
       for (int r = 0; r < world; ++r) {
         const int64_t rows = std::clamp<int64_t>(f.sizes[0] - r * f.chunk, 0, f.chunk);
-        at::Tensor dst = input[r].narrow(0, at, f.padded_numel());
+        at::Tensor dst = part.input[r].narrow(0, at, f.padded_numel());
         const int64_t n = rows * f.row_numel;
         if (n > 0) dst.narrow(0, 0, n).copy_(g.narrow(0, r * f.chunk * f.row_numel, n));
         if (n < f.padded_numel()) dst.narrow(0, n, f.padded_numel() - n).zero_();
@@ -390,15 +498,45 @@ void Unit::post_backward() {
       at += f.padded_numel();
     }
     for (const auto i : members) grads[i] = at::Tensor();  // copied in: freed
-    at::Tensor output = at::empty({numel}, input.options());
-    group.reduce_scatter(output, input, ReduceOp::Mean);
-    input = at::Tensor();
-    at = 0;
-    for (const auto i : members) {
-      FsdpParam& f = *with_grad[i];
-      const auto shape = f.shape(f.local);
+    part.output = at::empty({numel}, part.input.options());
+    detail::GroupState& state = group.state();
+    if (!state.group) {
+      part.output.copy_(part.input.view({-1}));  // one rank: the mean of one
+    } else {
+      try {
+        at::Tensor flat = part.input.view({-1});
+        part.work = detail::reduce_scatter(state, part.output, flat, ReduceOp::Sum);
+      } catch (...) {
+        group.fail("reduce_scatter", std::current_exception());
+      }
+    }
+    reducing->parts.push_back(std::move(part));
+  }
+}
+
+void Unit::finish_reduce() {
+  if (!reducing || fsdp_ == nullptr) return;
+  ProcessGroup& group = *fsdp_->group;
+  const int world = group.world_size();
+  PendingReduce pending = std::move(*reducing);
+  reducing.reset();
+  at::NoGradGuard no_grad;
+  for (auto& part : pending.parts) {
+    if (part.work.get()) {
+      try {
+        part.work.wait();
+      } catch (...) {
+        group.fail("reduce_scatter", std::current_exception());
+      }
+      part.output.div_(world);  // the mean: the sum over the ranks, then / world, as gloo's AVG
+    }
+    part.input = at::Tensor();
+    const at::Tensor& output = part.output;
+    int64_t at = 0;
+    for (FsdpParam* f : part.members) {
+      const auto shape = f->shape(f->local);
       at::Tensor piece_grad;
-      if (dtype == f.padded.scalar_type()) {
+      if (part.dtype == f->padded.scalar_type()) {
         // The piece's part of the output, not a view of it (an optimizer's zero_grad detaches
         // gradients in place, which a view refuses): its storage, at its offset.
         piece_grad = at::empty({0}, output.options());
@@ -406,10 +544,10 @@ void Unit::post_backward() {
                         c10::contiguous_strides(shape));
       } else {
         piece_grad =
-            output.narrow(0, at, f.local * f.row_numel).to(f.padded.scalar_type()).view(shape);
+            output.narrow(0, at, f->local * f->row_numel).to(f->padded.scalar_type()).view(shape);
       }
-      at += f.padded_numel();
-      at::Tensor& current = f.param.mutable_grad();
+      at += f->padded_numel();
+      at::Tensor& current = f->param.mutable_grad();
       if (current.defined()) {
         current.add_(piece_grad);
       } else {
@@ -417,6 +555,14 @@ void Unit::post_backward() {
       }
     }
   }
+}
+
+void Unit::pre_backward() {
+  unshard();
+  if (fsdp_ == nullptr || !fsdp_->options.backward_prefetch) return;
+  const auto& order = fsdp_->forward_order;
+  const auto it = std::find(order.begin(), order.end(), this);
+  if (it != order.end() && it != order.begin()) (*(it - 1))->start_unshard(/*prefetch=*/true);
 }
 
 }  // namespace detail
@@ -452,7 +598,7 @@ bool Fsdp::unsharded() const { return !state_->units.empty() && state_->units.fr
 std::vector<FsdpUnitInfo> Fsdp::units() const {
   std::vector<FsdpUnitInfo> out;
   for (const auto& u : state_->units) {
-    FsdpUnitInfo info{u->path, u->params.size(), 0};
+    FsdpUnitInfo info{u->path, u->params.size(), 0, u->gathers, u->prefetched};
     for (const auto& f : u->params) {
       if (f.whole.defined()) info.whole_bytes += f.whole.storage().nbytes();
     }
@@ -541,7 +687,12 @@ void Fsdp::setup(torch::nn::Module& module, c10::Device device, std::string_view
 }
 
 void Fsdp::pre_forward() {
-  if (!state_->units.empty()) state_->units.front()->unshard();
+  auto& s = *state_;
+  if (!s.forward_order.empty()) {  // a forward without a backward (evaluation) ran last
+    s.last_order = std::move(s.forward_order);
+    s.forward_order.clear();
+  }
+  if (!s.units.empty()) s.units.front()->unshard();
 }
 
 std::vector<at::Tensor> Fsdp::full_parameters() {
@@ -553,8 +704,13 @@ std::vector<at::Tensor> Fsdp::full_parameters() {
 void Fsdp::post_backward() {
   auto& s = *state_;
   // What the backward did not reduce on its way (a unit whose inputs need no gradient, the
-  // root): reduced now, the last unit first, the root last.
+  // root): reduced now, the last unit first, the root last; then every reduction waited for,
+  // in the order they started, and every prefetch nobody used.
   for (auto it = s.units.rbegin(); it != s.units.rend(); ++it) (*it)->post_backward();
+  for (auto& u : s.units) u->finish_reduce();
+  for (auto& u : s.units) u->reshard();
+  s.last_order = std::move(s.forward_order);
+  s.forward_order.clear();
   if (s.sync) {
     s.unreduced_backwards = 0;
   } else {

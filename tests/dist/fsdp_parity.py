@@ -286,6 +286,22 @@ def cuda_smoke(worker, d):
     print(f"dist cuda_fsdp: ok, {line}")
 
 
+def expect_prefetch(out, tag):
+    """One micro-batch a step: the root gathers once a step; a block twice (forward and
+    backward), once with reshard_after_forward off. In the forward of every step but the
+    first, blocks 1 and 2 are gathered ahead by the block before them (forward prefetch); in
+    the backward, blocks 0 and 1 by the block after them (backward prefetch)."""
+    s = STEPS
+    if tag == "fsdp":
+        want = f"'0'={2 * s} ({s}) '1'={2 * s} ({2 * s - 1}) '2'={2 * s} ({s - 1})"
+    else:
+        want = f"'0'={s} (0) '1'={s} ({s - 1}) '2'={s} ({s - 1})"
+    line = f"fsdp gathers (prefetched): ''={s} (0) {want}"
+    if line not in out:
+        print(out)
+        raise SystemExit(f"fsdp_parity: loom {tag}: expected the line {line!r}")
+
+
 def driver(worker, d):
     d.mkdir(parents=True, exist_ok=True)
     write_inputs(d)
@@ -316,6 +332,8 @@ def driver(worker, d):
                                  "and three blocks (6 each)")
             if required:
                 expect_whole(out, tag, policy)
+            if tag in ("fsdp", "fsdp_keep") and k == 1:
+                expect_prefetch(out, tag)
             lm = ranks(d, tag)
             same = bitwise(py, lm)
             line = (f"fsdp parity {what}: loom {tag} vs Python fully_shard max|diff| "

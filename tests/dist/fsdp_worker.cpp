@@ -172,6 +172,10 @@ int train(S strategy) {
     if (s.rank() == 0) {
       std::cout << "fsdp units:";
       for (const auto& u : s.units()) std::cout << " '" << u.path << "'=" << u.parameters;
+      std::cout << "\nfsdp gathers (prefetched):";
+      for (const auto& u : s.units()) {
+        std::cout << " '" << u.path << "'=" << u.gathers << " (" << u.prefetched << ")";
+      }
       std::cout << "\n" << whole_after_forward << "\n" << whole_after_backward << std::endl;
     }
   }

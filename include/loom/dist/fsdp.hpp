@@ -73,6 +73,12 @@ struct FsdpOptions {
   /// (false: one all-gather less per unit, the memory of the whole unit held meanwhile). The
   /// root always keeps them, as in FSDP2.
   bool reshard_after_forward = true;
+  /// While a unit computes its forward, the all-gather of the unit that followed it in the
+  /// last forward runs (FSDP2's set_modules_to_forward_prefetch, one unit ahead).
+  bool forward_prefetch = true;
+  /// While a unit computes its backward, the all-gather of the unit before it in the forward
+  /// runs (FSDP2's default backward prefetch, one unit ahead).
+  bool backward_prefetch = true;
   /// FSDP2's mp_policy (default: every unit in the parameters' own dtype).
   MixedPrecisionPolicy mixed_precision;
 };
@@ -82,6 +88,8 @@ struct FsdpUnitInfo {
   std::string path;             // in the module: "" for the root, "blocks.0"
   std::size_t parameters = 0;   // how many it holds
   std::size_t whole_bytes = 0;  // the bytes of its whole parameters held now (0: sharded)
+  std::size_t gathers = 0;      // the all-gathers of its pieces so far
+  std::size_t prefetched = 0;   // of those, the ones a prefetch started (ahead of the need)
 };
 
 namespace detail {
