@@ -1,6 +1,7 @@
 // What sharding saves, per rank: parameters, gradients and optimizer state held by each rank,
 // and the step time, for loom::Ddp, loom::Zero stage 1 and stage 2 and loom::Fsdp. One strategy
-// per launch; zero_memory.py runs them side by side at 2 and 4 ranks (docs/memory.md).
+// per launch (fsdp_keep: Fsdp with reshard_after_forward off); zero_memory.py runs them side
+// by side at 2 and 4 ranks (docs/memory.md).
 //
 //   torchrun --standalone --nproc-per-node=2 --no-python loom_bench_zero --strategy fsdp
 //            [--layers 8] [--width 1600] [--batch 32] [--steps 12] [--bucket-mib 4]
@@ -154,6 +155,11 @@ int main(int argc, char** argv) {
     const std::string strategy = flag(argc, argv, "--strategy", "ddp");
     if (strategy == "ddp") return run(loom::Ddp(), strategy, argc, argv);
     if (strategy == "fsdp") return run(loom::Fsdp(), strategy, argc, argv);
+    if (strategy == "fsdp_keep") {  // reshard_after_forward off: one all-gather a unit a step
+      loom::FsdpOptions keep;
+      keep.reshard_after_forward = false;
+      return run(loom::Fsdp(keep), strategy, argc, argv);
+    }
     loom::ZeroOptions o;
     o.bucket_bytes = static_cast<std::size_t>(std::stoi(flag(argc, argv, "--bucket-mib", "4")))
                      << 20;
@@ -164,7 +170,7 @@ int main(int argc, char** argv) {
       o.stage = strategy == "zero1" ? 1 : 2;
       return run(loom::Zero(o), strategy, argc, argv);
     }
-    std::fprintf(stderr, "loom_bench_zero: --strategy is ddp, zero1, zero2 or fsdp, not %s\n",
+    std::fprintf(stderr, "loom_bench_zero: --strategy is ddp, zero1, zero2, fsdp or fsdp_keep, not %s\n",
                  strategy.c_str());
     return 2;
   } catch (const std::exception& e) {

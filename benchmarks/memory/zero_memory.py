@@ -8,8 +8,9 @@ step, and the step time, with the ratios to Ddp at the same world size; then Pyt
 (fsdp_python.py) on the same model at each world size, its step time beside loom::Fsdp's.
 Targets: stage 1's optimizer state <= Ddp's / world + one bucket; stage 2's gradients
 likewise; step time <= 1.15x Ddp's at 2 ranks (Zero), <= 1.3x (Fsdp); Fsdp's parameters,
-gradients and state together <= Ddp's / world + two units (the largest Linear's parameters,
-twice), and its step time <= Python FSDP2's. --limit-mib N: then Ddp and Fsdp at the largest
+gradients and state together, and its peak, <= Ddp's / world + two units (the largest
+Linear's parameters, twice), and its step time <= Python FSDP2's. fsdp_keep (Fsdp with
+reshard_after_forward off) is reported beside it. --limit-mib N: then Ddp and Fsdp at the largest
 world size with the counting allocator refusing to hold more than N MiB per rank.
 
 Usage: python zero_memory.py --bench BUILD/benchmarks/loom_bench_zero [--worlds 2,4]
@@ -74,7 +75,7 @@ def main():
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for world in map(int, a.worlds.split(",")):
         ddp = None
-        for strategy in ("ddp", "zero1", "zero2", "fsdp"):
+        for strategy in ("ddp", "zero1", "zero2", "fsdp", "fsdp_keep"):
             r = torchrun(a.bench, world, strategy, extra)
             results.append(r)
             ddp = ddp or r
@@ -100,6 +101,8 @@ def main():
                 if held > total / world + 2 * unit:
                     failed.append(f"fsdp at {world}: parameters + gradients + state above "
                                   f"Ddp's / world + two units")
+                if r["peak_bytes"] > ddp["peak_bytes"] / world + 2 * unit:
+                    failed.append(f"fsdp at {world}: peak above Ddp's / world + two units")
                 if world == 2 and step > 1.3:
                     failed.append(f"fsdp at 2 ranks: step {step:.2f}x Ddp's (target 1.3x)")
                 fsdp[world] = r

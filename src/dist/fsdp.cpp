@@ -90,6 +90,7 @@ struct FsdpState {
   int64_t unreduced_backwards = 0;           // backwards under no_sync since the last reduction
   std::vector<Unit*> forward_order;          // the units below the root, as this forward ran them
   std::vector<Unit*> last_order;             // and as the forward before it did (forward prefetch)
+  Unit* in_flight = nullptr;                 // the unit whose reduce-scatter is in flight
 
   ~FsdpState();
 };
@@ -244,6 +245,17 @@ detail::PendingGather start_gather(ProcessGroup& group, const std::vector<FsdpPa
   return out;
 }
 
+/// Waits for `work` (none when the group has no c10d group: the copy was made); a failure is
+/// the group's, naming `what`.
+void wait(ProcessGroup& group, detail::Work& work, std::string_view what) {
+  if (!work.get()) return;
+  try {
+    work.wait();
+  } catch (...) {
+    group.fail(what, std::current_exception());
+  }
+}
+
 /// Waits for `pending`; `take(f, part)` receives each parameter's (world, c * row) part of
 /// the result, rank after rank, which read row by row is the whole parameter followed by the
 /// padding rows.
@@ -252,13 +264,7 @@ void finish_gather(ProcessGroup& group, detail::PendingGather& pending, Take tak
   const int world = group.world_size();
   at::NoGradGuard no_grad;
   for (auto& part : pending.parts) {
-    if (part.work.get()) {
-      try {
-        part.work.wait();
-      } catch (...) {
-        group.fail("all_gather_into", std::current_exception());
-      }
-    }
+    wait(group, part.work, "all_gather_into");
     const at::Tensor by_rank = part.output.view({world, part.input.numel()});
     int64_t at = 0;
     for (auto* f : part.members) {
@@ -460,6 +466,10 @@ void Unit::post_backward() {
     grads.push_back(std::move(g));
   }
   reshard();  // the pieces' earlier gradients are back on the parameters
+  // At most one reduce-scatter in flight, as FSDP2 keeps it: the one before this unit's ran
+  // beside this unit's backward; waited for now, its buffers freed.
+  if (fsdp_->in_flight != nullptr && fsdp_->in_flight != this) fsdp_->in_flight->finish_reduce();
+  fsdp_->in_flight = this;
   const int world = group.world_size();
   // One reduce-scatter per dtype: row r of the input is every gradient's rows of rank r's
   // piece (zero rows past the end), as FSDP2's chunk_cat lays them out. Started here, waited
@@ -516,6 +526,7 @@ void Unit::post_backward() {
 
 void Unit::finish_reduce() {
   if (!reducing || fsdp_ == nullptr) return;
+  if (fsdp_->in_flight == this) fsdp_->in_flight = nullptr;
   ProcessGroup& group = *fsdp_->group;
   const int world = group.world_size();
   PendingReduce pending = std::move(*reducing);
@@ -523,11 +534,7 @@ void Unit::finish_reduce() {
   at::NoGradGuard no_grad;
   for (auto& part : pending.parts) {
     if (part.work.get()) {
-      try {
-        part.work.wait();
-      } catch (...) {
-        group.fail("reduce_scatter", std::current_exception());
-      }
+      wait(group, part.work, "reduce_scatter");
       part.output.div_(world);  // the mean: the sum over the ranks, then / world, as gloo's AVG
     }
     part.input = at::Tensor();
@@ -704,8 +711,8 @@ std::vector<at::Tensor> Fsdp::full_parameters() {
 void Fsdp::post_backward() {
   auto& s = *state_;
   // What the backward did not reduce on its way (a unit whose inputs need no gradient, the
-  // root): reduced now, the last unit first, the root last; then every reduction waited for,
-  // in the order they started, and every prefetch nobody used.
+  // root): reduced now, the last unit first, the root last; then the reduction in flight
+  // waited for, and every prefetch nobody used.
   for (auto it = s.units.rbegin(); it != s.units.rend(); ++it) (*it)->post_backward();
   for (auto& u : s.units) u->finish_reduce();
   for (auto& u : s.units) u->reshard();

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from launch import torchrun
+from launch import load_flat, torchrun
 
 STEPS, GLOBAL, WORLD = 20, 8, 2
 WIDTH, HIDDEN, CLASSES = 15, 32, 5
@@ -80,13 +80,7 @@ def write_inputs(d):
 
 
 def load(d, checkpoint=False):
-    model = model_(checkpoint)
-    init = torch.from_numpy(np.fromfile(d / "init.bin", dtype="<f4"))
-    with torch.no_grad():
-        at = 0
-        for p in model.parameters():
-            p.copy_(init[at:at + p.numel()].reshape(p.shape))
-            at += p.numel()
+    model = load_flat(model_(checkpoint), d / "init.bin")
     x = torch.from_numpy(np.fromfile(d / "x.bin", dtype="<f4").reshape(SAMPLES, WIDTH))
     y = torch.from_numpy(np.fromfile(d / "y.bin", dtype="<i8"))
     return model, x, y

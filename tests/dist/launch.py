@@ -1,4 +1,5 @@
-"""Starts the processes of the parity tests (ddp_parity.py, zero_parity.py) under torchrun."""
+"""Starts the processes of the parity tests (ddp_parity.py, zero_parity.py, fsdp_parity.py)
+under torchrun, and loads their initial parameters."""
 
 import os
 import subprocess
@@ -26,3 +27,18 @@ def torchrun(cmd, nproc, what, attempts=1, test="dist"):
             print(f"{test}: {what} failed with exit {r.returncode} "
                   f"(attempt {attempt} of {attempts}); running it again")
     raise SystemExit(f"{test}: {what} failed with exit {r.returncode}")
+
+
+def load_flat(model, path):
+    """Copies `path` (every parameter of `model` in its order, flat little-endian f32, as the
+    parity drivers write init.bin) into `model`'s parameters; returns `model`."""
+    import numpy as np
+    import torch
+
+    flat = torch.from_numpy(np.fromfile(path, dtype="<f4"))
+    with torch.no_grad():
+        at = 0
+        for p in model.parameters():
+            p.copy_(flat[at:at + p.numel()].reshape(p.shape))
+            at += p.numel()
+    return model

@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from launch import torchrun
+from launch import load_flat, torchrun
 
 STEPS, GLOBAL, WORLD = 20, 8, 2
 SAMPLES = STEPS * GLOBAL
@@ -111,13 +111,7 @@ def write_inputs(d):
 
 
 def load_model(d):
-    model = mlp()
-    init = torch.from_numpy(np.fromfile(d / "init.bin", dtype="<f4"))
-    with torch.no_grad():
-        at = 0
-        for p in model.parameters():
-            p.copy_(init[at:at + p.numel()].reshape(p.shape))
-            at += p.numel()
+    model = load_flat(mlp(), d / "init.bin")
     x = torch.from_numpy(np.fromfile(d / "x.bin", dtype="<f4").reshape(SAMPLES, 8))
     y = torch.from_numpy(np.fromfile(d / "y.bin", dtype="<i8"))
     return model, x, y
