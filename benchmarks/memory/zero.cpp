@@ -170,7 +170,8 @@ int main(int argc, char** argv) {
       o.stage = strategy == "zero1" ? 1 : 2;
       return run(loom::Zero(o), strategy, argc, argv);
     }
-    std::fprintf(stderr, "loom_bench_zero: --strategy is ddp, zero1, zero2, fsdp or fsdp_keep, not %s\n",
+    std::fprintf(stderr,
+                 "loom_bench_zero: --strategy is ddp, zero1, zero2, fsdp or fsdp_keep, not %s\n",
                  strategy.c_str());
     return 2;
   } catch (const std::exception& e) {

@@ -67,8 +67,8 @@ struct PendingGather {
   std::vector<Part> parts;
 };
 
-/// A reduce-scatter of a unit's gradients in flight, one per dtype (waited at the end of the
-/// backward, so that it runs beside the backward of the units before it).
+/// A reduce-scatter of a unit's gradients in flight, one per dtype: it runs beside the backward
+/// of the unit before it, and is waited for when that unit's starts (or the backward ends).
 struct PendingReduce {
   struct Part {
     std::vector<FsdpParam*> members;

@@ -17,10 +17,12 @@
 // all-gather) when its forward starts, freed when it ends (reshard_after_forward), gathered
 // again when the gradients reach its outputs, and reduce-scattered (one reduce-scatter) when
 // the backward has passed its inputs; the root's are gathered by the runtime's forward and
-// kept to the end of the backward, as FSDP2 keeps the root's. At most the root and the units
-// running hold whole parameters; between steps a rank holds 1/world of the parameters,
-// gradients and optimizer state. Declarations only: src/dist/fsdp.cpp (the loom::dist
-// library).
+// kept to the end of the backward, as FSDP2 keeps the root's. The collectives run beside the
+// compute: the next unit's all-gather is prefetched one unit ahead (forward and backward) and
+// a unit's reduce-scatter runs beside the backward of the unit before it. At most the root,
+// the unit running and the one prefetched hold whole parameters; between steps a rank holds
+// 1/world of the parameters, gradients and optimizer state. Declarations only:
+// src/dist/fsdp.cpp (the loom::dist library).
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
