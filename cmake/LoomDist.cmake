@@ -15,7 +15,8 @@ add_library(loom_dist STATIC
             ${_loom_dist}/comm_hooks.cpp ${_loom_dist}/ddp.cpp ${_loom_dist}/environment.cpp
             ${_loom_dist}/gloo.cpp ${_loom_dist}/join.cpp ${_loom_dist}/nccl.cpp
             ${_loom_dist}/process_group.cpp ${_loom_dist}/rendezvous.cpp ${_loom_dist}/roll_call.cpp
-            ${_loom_dist}/zero.cpp ${_loom_dist}/zero_checkpoint.cpp ${_loom_dist}/fsdp.cpp)
+            ${_loom_dist}/zero.cpp ${_loom_dist}/zero_checkpoint.cpp ${_loom_dist}/fsdp.cpp
+            ${_loom_dist}/fsdp_unit.cpp ${_loom_dist}/fsdp_checkpoint.cpp)
 add_library(loom::dist ALIAS loom_dist)
 set_target_properties(loom_dist PROPERTIES EXPORT_NAME dist POSITION_INDEPENDENT_CODE ON)
 target_link_libraries(loom_dist PUBLIC loom)

@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from launch import load_flat, torchrun
+import launch
+from launch import bitwise, load_flat, maxdiff, torchrun
 
 STEPS, GLOBAL, WORLD = 20, 8, 2
 WIDTH, HIDDEN, CLASSES = 15, 32, 5
@@ -122,20 +123,12 @@ def python_side(d, accumulate, clip, policy, checkpoint):
 
 
 def ranks(d, tag):
-    return [np.fromfile(d / f"{tag}_rank{r}.bin", dtype="<f4") for r in range(WORLD)]
+    return launch.ranks(d, tag, WORLD)
 
 
 def norms(d, tag):
     return [[float(v) for v in (d / f"{tag}_rank{r}.norms").read_text().split()]
             for r in range(WORLD)]
-
-
-def bitwise(a, b):
-    return all(np.array_equal(x.view("<u4"), y.view("<u4")) for x, y in zip(a, b))
-
-
-def maxdiff(a, b):
-    return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
 
 
 def whole_bytes(shapes, itemsize):

@@ -42,3 +42,24 @@ def load_flat(model, path):
             p.copy_(flat[at:at + p.numel()].reshape(p.shape))
             at += p.numel()
     return model
+
+
+def ranks(d, tag, world):
+    """Each rank's flat f32 parameters the workers wrote, DIR/TAG_rankR.bin."""
+    import numpy as np
+
+    return [np.fromfile(d / f"{tag}_rank{r}.bin", dtype="<f4") for r in range(world)]
+
+
+def bitwise(a, b):
+    """Whether two lists of f32 arrays hold the same bits."""
+    import numpy as np
+
+    return all(np.array_equal(x.view("<u4"), y.view("<u4")) for x, y in zip(a, b))
+
+
+def maxdiff(a, b):
+    """The largest absolute difference between two lists of arrays."""
+    import numpy as np
+
+    return max(float(np.abs(x - y).max()) for x, y in zip(a, b))

@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from launch import load_flat, torchrun
+from launch import bitwise, load_flat, maxdiff, ranks, torchrun
 
 STEPS, GLOBAL, WORLD = 20, 8, 2
 SAMPLES = STEPS * GLOBAL
@@ -207,18 +207,6 @@ def python_resume(d, ckpt, start):
 
 def run(cmd, nproc, what, attempts=1):
     return torchrun(cmd, nproc, what, attempts, test="zero_parity")
-
-
-def ranks(d, tag, world):
-    return [np.fromfile(d / f"{tag}_rank{r}.bin", dtype="<f4") for r in range(world)]
-
-
-def bitwise(a, b):
-    return all(np.array_equal(x.view("<u4"), y.view("<u4")) for x, y in zip(a, b))
-
-
-def maxdiff(a, b):
-    return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
 
 
 def norms_of(d, tag):

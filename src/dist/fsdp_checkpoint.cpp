@@ -1,0 +1,141 @@
+// loom::Fsdp's rt.save and rt.load (include/loom/dist/fsdp.hpp): one consolidated file, each
+// piece of the module and optimizer entries gathered whole; any consolidated file read back,
+// each whole tensor cut to this rank's piece.
+#include <loom/dist/fsdp.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include <loom/checkpoint/mapped.hpp>
+#include <loom/detail/agree_on_failure.hpp>
+#include <loom/state/entry.hpp>
+
+#include "fsdp_state.hpp"
+
+namespace loom::dist {
+
+namespace {
+
+constexpr std::string_view who = detail::fsdp_who;
+
+using detail::FsdpParam;
+
+/// A tensor slot of a checkpoint's value that holds a sharded parameter's tensor: a module
+/// entry's parameter, or an optimizer entry's per-parameter state of the parameter's shape.
+struct Slot {
+  state::Dict dict;
+  c10::IValue key;
+  FsdpParam* param;
+};
+
+/// The slots of `top` (the value rt.save writes, or rt.load read) for `state`'s module and
+/// optimizer entries: a module's parameters by their names, an optimizer's states by the
+/// parameter ids its param groups number (Python's layout), whose tensor `fits` its
+/// parameter ("step" never is one).
+template <class Fits>
+std::vector<Slot> slots(const State& state, const state::Dict& top,
+                        const std::unordered_map<const void*, FsdpParam*>& by_impl, Fits fits) {
+  std::vector<Slot> out;
+  auto find = [&](const at::Tensor& p) -> FsdpParam* {
+    const auto it = by_impl.find(p.unsafeGetTensorImpl());
+    return it == by_impl.end() ? nullptr : it->second;
+  };
+  for (const StateEntry& e : state) {
+    const c10::IValue name(e.name());
+    if (!top.contains(name) || !top.at(name).isGenericDict()) continue;
+    const state::Dict d = top.at(name).toGenericDict();
+    if (e.module() != nullptr) {
+      for (const auto& item : e.module()->named_parameters(/*recurse=*/true)) {
+        FsdpParam* f = find(item.value());
+        const c10::IValue key(item.key());
+        if (f != nullptr && d.contains(key) && d.at(key).isTensor() &&
+            fits(d.at(key).toTensor(), *f)) {
+          out.push_back(Slot{d, key, f});
+        }
+      }
+    } else if (e.optimizer() != nullptr) {
+      const c10::IValue states_key(std::string("state"));
+      if (!d.contains(states_key) || !d.at(states_key).isGenericDict()) continue;
+      const state::Dict states = d.at(states_key).toGenericDict();
+      int64_t id = 0;
+      for (const auto& group : e.optimizer()->param_groups()) {
+        for (const auto& p : group.params()) {
+          const c10::IValue key(id++);
+          FsdpParam* f = find(p);
+          if (f == nullptr || !states.contains(key) || !states.at(key).isGenericDict()) continue;
+          const state::Dict per = states.at(key).toGenericDict();
+          for (const auto& item : per) {
+            if (item.key().isString() && item.key().toStringRef() == "step") continue;
+            if (item.value().isTensor() && fits(item.value().toTensor(), *f)) {
+              out.push_back(Slot{per, item.key(), f});
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::unordered_map<const void*, FsdpParam*> by_impl(const std::vector<FsdpParam*>& order) {
+  std::unordered_map<const void*, FsdpParam*> out;
+  for (auto* f : order) out.emplace(f->param.unsafeGetTensorImpl(), f);
+  return out;
+}
+
+}  // namespace
+
+void Fsdp::save_checkpoint(const std::filesystem::path& path, const State& state,
+                           const checkpoint::CheckpointIO& io) {
+  auto& s = *state_;
+  check_step_ready();  // every unit's pieces on its parameters
+  // The consolidated file (FSDP2's full state dict): every sharded tensor gathered whole, on
+  // every rank, rank 0 writes. The same file as SingleProcess and Ddp write of the model.
+  const state::Dict top = state::save_entries(state);
+  const auto found = slots(
+      state, top, by_impl(s.order),
+      [](const at::Tensor& t, const FsdpParam& f) { return t.sizes().vec() == f.shape(f.local); });
+  std::vector<std::pair<FsdpParam*, at::Tensor>> pieces;
+  pieces.reserve(found.size());
+  for (const auto& slot : found) pieces.emplace_back(slot.param, slot.dict.at(slot.key).toTensor());
+  const auto whole = gather_whole(group_, pieces);
+  for (std::size_t i = 0; i < found.size(); ++i) {
+    found[i].dict.insert_or_assign(found[i].key, whole[i]);
+  }
+  group_.save_on_rank_zero(path, c10::IValue(top), io);
+}
+
+c10::IValue Fsdp::load_checkpoint(const std::filesystem::path& path, const State& state,
+                                  const checkpoint::CheckpointIO& io, c10::Device device) {
+  auto& s = *state_;
+  check_step_ready();
+  c10::IValue value;
+  loom::detail::agree_on(group_, std::string(who) + ": loading " + path.string(), [&] {
+    checkpoint::DeferredChecks checks;  // every CRC-32 inside the agreement
+    value = GroupDefaults<Fsdp>::load_checkpoint(path, state, io, device);
+    checks.finish();
+  });
+  if (!value.isGenericDict()) return value;  // rt.load names what is wrong
+  // A whole tensor (saved by any strategy at any world size) cut to this rank's piece; one of
+  // another shape is left for the entry's load to name.
+  const int64_t rank = group_.rank();
+  const auto found =
+      slots(state, value.toGenericDict(), by_impl(s.order),
+            [](const at::Tensor& t, const FsdpParam& f) { return t.sizes().vec() == f.sizes; });
+  for (const auto& slot : found) {
+    const FsdpParam& f = *slot.param;
+    const at::Tensor whole = slot.dict.at(slot.key).toTensor();
+    const int64_t first = std::min(rank * f.chunk, f.sizes[0]);
+    slot.dict.insert_or_assign(slot.key, whole.narrow(0, first, f.local).clone());
+  }
+  return value;
+}
+
+}  // namespace loom::dist
