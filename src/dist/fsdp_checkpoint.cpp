@@ -1,10 +1,11 @@
 // loom::Fsdp's rt.save and rt.load (include/loom/dist/fsdp.hpp): one consolidated file, each
-// piece of the module and optimizer entries gathered whole; any consolidated file read back,
-// each whole tensor cut to this rank's piece.
+// piece of the module and optimizer entries gathered whole, or each rank's pieces in a file of
+// its own (checkpoint/shards.hpp, format 2); either read back, as this rank's pieces.
 #include <loom/dist/fsdp.hpp>
 
 #include <algorithm>
 #include <cstddef>
+#include <exception>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -14,6 +15,7 @@
 #include <ATen/ATen.h>
 
 #include <loom/checkpoint/mapped.hpp>
+#include <loom/checkpoint/shards.hpp>
 #include <loom/detail/agree_on_failure.hpp>
 #include <loom/state/entry.hpp>
 
@@ -33,6 +35,7 @@ struct Slot {
   state::Dict dict;
   c10::IValue key;
   FsdpParam* param;
+  std::vector<c10::IValue> path;  // the keys from the top: ["model", "0.up.weight"]
 };
 
 /// The slots of `top` (the value rt.save writes, or rt.load read) for `state`'s module and
@@ -57,7 +60,7 @@ std::vector<Slot> slots(const State& state, const state::Dict& top,
         const c10::IValue key(item.key());
         if (f != nullptr && d.contains(key) && d.at(key).isTensor() &&
             fits(d.at(key).toTensor(), *f)) {
-          out.push_back(Slot{d, key, f});
+          out.push_back(Slot{d, key, f, {name, key}});
         }
       }
     } else if (e.optimizer() != nullptr) {
@@ -74,7 +77,7 @@ std::vector<Slot> slots(const State& state, const state::Dict& top,
           for (const auto& item : per) {
             if (item.key().isString() && item.key().toStringRef() == "step") continue;
             if (item.value().isTensor() && fits(item.value().toTensor(), *f)) {
-              out.push_back(Slot{per, item.key(), f});
+              out.push_back(Slot{per, item.key(), f, {name, states_key, key, item.key()}});
             }
           }
         }
@@ -92,10 +95,52 @@ std::unordered_map<const void*, FsdpParam*> by_impl(const std::vector<FsdpParam*
 
 }  // namespace
 
+void Fsdp::save_sharded(const std::filesystem::path& path, const State& state,
+                        const checkpoint::CheckpointIO& io) {
+  auto& s = *state_;
+  const int rank = group_.rank(), world = group_.world_size();
+  const state::Dict top = state::save_entries(state);
+  const auto found = slots(
+      state, top, by_impl(s.order),
+      [](const at::Tensor& t, const FsdpParam& f) { return t.sizes().vec() == f.shape(f.local); });
+  std::string tag;
+  try {
+    tag = group_.broadcast_object(rank == 0 ? checkpoint::new_shard_tag() : std::string(), 0);
+  } catch (...) {
+    group_.fail("the sharded save's name", std::current_exception());
+  }
+  checkpoint::ShardIndex index;
+  index.format = 2;
+  index.world_size = world;
+  for (int r = 1; r < world; ++r) {
+    index.files.push_back(checkpoint::shard_path(path, tag, r, world).filename().string());
+  }
+  std::vector<at::Tensor> pieces;
+  for (const auto& slot : found) {
+    index.slots.push_back(slot.path);
+    index.rows.push_back(slot.param->sizes[0]);
+    pieces.push_back(slot.dict.at(slot.key).toTensor());
+  }
+  // Every rank but 0 writes its pieces beside the main file, then rank 0 writes the main file
+  // (its own pieces in place, and the index) once every other file is there.
+  const auto own = checkpoint::shard_path(path, tag, rank, world);
+  loom::detail::agree_on(group_, std::string(who) + ": writing " + own.filename().string(), [&] {
+    if (rank != 0) io.save(own, checkpoint::pieces_file(index.slots, pieces));
+  });
+  group_.save_on_rank_zero(
+      path, rank == 0 ? checkpoint::with_shard_index(c10::IValue(top), index) : c10::IValue(top),
+      io);
+  if (rank == 0) checkpoint::remove_other_shards(path, tag);
+}
+
 void Fsdp::save_checkpoint(const std::filesystem::path& path, const State& state,
                            const checkpoint::CheckpointIO& io) {
   auto& s = *state_;
   check_step_ready();  // every unit's pieces on its parameters
+  if (s.options.checkpoint == FsdpCheckpoint::Sharded && group_.world_size() > 1) {
+    save_sharded(path, state, io);
+    return;
+  }
   // The consolidated file (FSDP2's full state dict): every sharded tensor gathered whole, on
   // every rank, rank 0 writes. The same file as SingleProcess and Ddp write of the model.
   const state::Dict top = state::save_entries(state);
@@ -117,15 +162,19 @@ c10::IValue Fsdp::load_checkpoint(const std::filesystem::path& path, const State
   auto& s = *state_;
   check_step_ready();
   c10::IValue value;
+  const int64_t rank = group_.rank(), world = group_.world_size();
   loom::detail::agree_on(group_, std::string(who) + ": loading " + path.string(), [&] {
     checkpoint::DeferredChecks checks;  // every CRC-32 inside the agreement
-    value = GroupDefaults<Fsdp>::load_checkpoint(path, state, io, device);
+    // Of a sharded Fsdp file only this rank's rows (a piece on any world size).
+    value = checkpoint::merge_shards(path, io.load(path, device), io, device, {},
+                                     [&](int64_t whole) {
+                                       return checkpoint::rows_of(whole, rank, world);
+                                     });
     checks.finish();
   });
   if (!value.isGenericDict()) return value;  // rt.load names what is wrong
   // A whole tensor (saved by any strategy at any world size) cut to this rank's piece; one of
-  // another shape is left for the entry's load to name.
-  const int64_t rank = group_.rank();
+  // another shape (a piece already) is left as it is, for the entry's load to check.
   const auto found =
       slots(state, value.toGenericDict(), by_impl(s.order),
             [](const at::Tensor& t, const FsdpParam& f) { return t.sizes().vec() == f.sizes; });

@@ -5,9 +5,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <iomanip>
-#include <random>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,27 +58,6 @@ std::vector<c10::IValue> gather_on_zero(detail::GroupState& s, int rank, int wor
   return out;
 }
 
-/// A name no earlier save of the same path used: the shard files of a save that did not
-/// finish never mix with those an index names.
-std::string new_shard_tag() {
-  const auto now = static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch() /
-                                              std::chrono::nanoseconds(1));
-  const std::uint64_t mixed = now ^ (static_cast<std::uint64_t>(std::random_device{}()) << 32);
-  std::ostringstream out;
-  out << std::hex << std::setw(16) << std::setfill('0') << mixed;
-  return out.str();
-}
-
-/// Removes the shard files of `path` that a save other than `tag`'s wrote (an older save of
-/// the same path, or one that did not finish). Best effort: what cannot go stays.
-void remove_other_shards(const std::filesystem::path& path, const std::string& tag) {
-  for (const auto& [file, other] : checkpoint::shard_files(path)) {
-    if (other == tag) continue;
-    std::error_code ec;
-    std::filesystem::remove(file, ec);
-  }
-}
-
 }  // namespace
 
 void Zero::save_checkpoint(const std::filesystem::path& path, const State& state,
@@ -102,7 +78,7 @@ void Zero::save_checkpoint(const std::filesystem::path& path, const State& state
     auto& z = *state_;
     std::string tag;
     try {
-      tag = broadcast_object(rank() == 0 ? new_shard_tag() : std::string(), 0);
+      tag = broadcast_object(rank() == 0 ? checkpoint::new_shard_tag() : std::string(), 0);
     } catch (...) {
       fail("the sharded save's name", std::current_exception());
     }
@@ -122,7 +98,7 @@ void Zero::save_checkpoint(const std::filesystem::path& path, const State& state
     group.save_on_rank_zero(
         path,
         rank() == 0 ? checkpoint::with_shard_index(c10::IValue(top), index) : c10::IValue(top), io);
-    if (rank() == 0) remove_other_shards(path, tag);
+    if (rank() == 0) checkpoint::remove_other_shards(path, tag);
     return;
   }
   // Consolidated: every rank's states go to rank 0, which merges them by id and writes.

@@ -244,6 +244,73 @@ def checkpoints(worker, d, py):
     print("fsdp checkpoint: Fsdp resumed from the file Ddp wrote: bitwise equal to Python's")
 
 
+def sharded_checkpoints(worker, d, py):
+    """FsdpCheckpoint::Sharded: each rank writes its pieces (rank 0 the main file with an
+    index, rank 1 one file beside it). Resumed on 2 ranks it continues bitwise; Fsdp on 1,
+    Ddp on 2 and one process load it and save the consolidated file the consolidated save
+    wrote at the same step; Fsdp on 4 loads it and saves its own 4 pieces, from which Fsdp on 2
+    resumes bitwise (2 -> 4 -> 2 ranks); a missing shard file is an error that names it."""
+    import glob
+    import subprocess
+    common = [f"dir={d}", f"samples={SAMPLES}", f"steps={STEPS}"]
+    half = STEPS // 2
+    torchrun(["--no-python", worker, *common, f"save_at={half}", "tag=fsdp_s", "sharded=1"],
+             WORLD, "loom fsdp saving sharded at step 10", test="fsdp_parity")
+    main = d / "ckpt_fsdp_s.pt"
+    shards = sorted(glob.glob(str(d / "ckpt_fsdp_s.*.shard-*-of-2.pt")))
+    if len(shards) != 1 or not shards[0].endswith(".shard-1-of-2.pt"):
+        raise SystemExit(f"fsdp_parity: the sharded save wrote {shards} beside its main file")
+    head = torch.load(main, weights_only=True)
+    shapes = {k: tuple(v.shape) for k, v in head["model"].items()}
+    if shapes["0.up.weight"] != (HIDDEN // 2, WIDTH) or shapes["4.weight"] != (3, WIDTH):
+        raise SystemExit(f"fsdp_parity: the main file does not hold rank 0's pieces: {shapes}")
+    index = head["loom_shards"]
+    print(f"fsdp sharded checkpoint: main file with rank 0's pieces ({len(index['slots'])} "
+          f"slots indexed) and {Path(shards[0]).name}")
+    torchrun(["--no-python", worker, *common, f"load={main}", f"start={half}", "tag=fsdp_sb"],
+             WORLD, "loom fsdp resuming from the sharded save", test="fsdp_parity")
+    if not bitwise(py, ranks(d, "fsdp_sb")):
+        raise SystemExit("fsdp_parity: resumed from the sharded save, Fsdp differs from Python's")
+    print(f"fsdp sharded checkpoint: resumed on 2 ranks: bitwise equal to Python's {STEPS} steps")
+    whole = torch.load(d / "ckpt_fsdp_a.pt", weights_only=True)  # consolidated, same step
+    for tag, nproc, strategy in (("sfsdp1", 1, "fsdp"), ("sddp2", 2, "ddp"),
+                                 ("ssingle", 0, "single")):
+        again = d / f"ckpt_{tag}.pt"
+        launcher = ["--no-python"] if nproc else []
+        torchrun([*launcher, worker, *common, f"strategy={strategy}", f"load={main}",
+                  f"start={half}", f"resave={again}", f"tag={tag}"], nproc,
+                 f"loom {strategy} on {max(nproc, 1)} loading the sharded save",
+                 test="fsdp_parity")
+        why = same_file(whole, torch.load(again, weights_only=True))
+        print(f"fsdp sharded checkpoint: loaded by {strategy} on {max(nproc, 1)} rank(s), saved "
+              f"consolidated: {'the consolidated file' if not why else 'DIFFERENT: ' + why}")
+        if why:
+            raise SystemExit(f"fsdp_parity: {strategy} on {max(nproc, 1)} read the sharded save "
+                             f"wrongly: {why}")
+    four = d / "ckpt_sfsdp4.pt"
+    torchrun(["--no-python", worker, *common, f"load={main}", f"start={half}",
+              f"resave={four}", "sharded=1", "tag=sfsdp4"], 4,
+             "loom fsdp on 4 loading the sharded save and saving its pieces", test="fsdp_parity")
+    if len(glob.glob(str(d / "ckpt_sfsdp4.*.shard-*-of-4.pt"))) != 3:
+        raise SystemExit("fsdp_parity: Fsdp on 4 ranks did not write 3 shard files")
+    torchrun(["--no-python", worker, *common, f"load={four}", f"start={half}", "tag=fsdp_s4"],
+             WORLD, "loom fsdp on 2 resuming from 4 ranks' pieces", test="fsdp_parity")
+    if not bitwise(py, ranks(d, "fsdp_s4")):
+        raise SystemExit("fsdp_parity: resumed from 4 ranks' pieces, Fsdp differs from Python's")
+    print("fsdp sharded checkpoint: saved on 2, loaded and saved by 4, resumed on 2: bitwise "
+          "equal to Python's")
+    lone = d / "lone"
+    lone.mkdir(exist_ok=True)
+    (lone / "ckpt.pt").write_bytes(main.read_bytes())
+    r = subprocess.run([worker, *common, "strategy=single", f"load={lone / 'ckpt.pt'}",
+                        f"start={half}", "tag=lone"], capture_output=True, text=True,
+                       timeout=120)
+    if r.returncode == 0 or "which is missing" not in r.stderr:
+        raise SystemExit(f"fsdp_parity: a missing shard file was not named: {r.stderr[-500:]}")
+    print("fsdp sharded checkpoint: without its shard file: " +
+          r.stderr.strip().splitlines()[-1][:150])
+
+
 def cuda_smoke(worker, d):
     """On a GPU (ctest dist.cuda_fsdp, label gpu): loom::Fsdp on one rank over NCCL against
     one process, 20 steps each on CUDA: with one rank the gather and the reduce-scatter move
@@ -342,6 +409,7 @@ def driver(worker, d):
             if not bitwise(lm[:1], lm[1:]):
                 raise SystemExit(f"fsdp_parity: loom {tag}'s ranks differ ({what})")
     checkpoints(worker, d, py_true)
+    sharded_checkpoints(worker, d, py_true)
     print("dist fsdp: ok")
 
 

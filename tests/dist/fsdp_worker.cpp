@@ -3,7 +3,7 @@
 //
 //   loom_fsdp_worker dir=DIR samples=N steps=S [strategy=fsdp|ddp] [accumulate=K] [clip=C]
 //                    [policy=bf16] [checkpoint=1] [reshard=0] [tag=NAME]
-//                    [save_at=I] [load=FILE start=I [resave=FILE]]
+//                    [save_at=I] [load=FILE start=I [resave=FILE]] [sharded=1]
 //
 // Reads DIR/init.bin (the parameters, f32, in the module's order), DIR/x.bin (N x 15 f32) and
 // DIR/y.bin (N int64); step i trains on rows [8i, 8i + 8), each rank its half, in K
@@ -14,7 +14,8 @@
 // clip_gradients returned at every step). save_at=I: rt.save to DIR/ckpt_TAG.pt (the model and
 // the optimizer) before step I, and the whole parameters then to DIR/TAG_saved_rankR.bin;
 // load=FILE: rt.load before the first step, which is `start`; with resave=FILE the loaded
-// state is saved again at once to FILE and the run ends. strategy=single: one process.
+// state is saved again at once to FILE and the run ends; sharded=1: rt.save writes each rank's
+// pieces (FsdpCheckpoint::Sharded). strategy=single: one process.
 // device=cuda: on the CUDA device of the local rank (NCCL), the peak of allocated bytes printed.
 #include <cstdint>
 #include <fstream>
@@ -203,6 +204,7 @@ int run() {
   if (arg("strategy", "fsdp") == "single") return train<D>(loom::SingleProcess());
   loom::FsdpOptions options;
   options.reshard_after_forward = arg("reshard", "1") == "1";
+  if (arg("sharded", "0") == "1") options.checkpoint = loom::FsdpCheckpoint::Sharded;
   if (arg("policy", "") == "bf16") {
     options.mixed_precision.param_dtype = at::kBFloat16;
     options.mixed_precision.reduce_dtype = at::kFloat;

@@ -66,6 +66,18 @@ struct MixedPrecisionPolicy {
   bool cast_forward_inputs = true;
 };
 
+/// How rt.save writes Fsdp's pieces (FsdpOptions::checkpoint).
+enum class FsdpCheckpoint {
+  /// Every piece gathered whole, rank 0 writes one file in the layout one process writes
+  /// (FSDP2's full state dict: Python's torch.load reads it).
+  Consolidated,
+  /// Each rank writes its own pieces (of the parameters and of the optimizer's states of
+  /// them): rank 0 the main file (its pieces, every other entry, an index), every other rank
+  /// one file beside it (checkpoint/shards.hpp, format 2). Nothing is gathered; every strategy
+  /// loads it at any world size, an Fsdp rank reading only the files that hold its rows.
+  Sharded,
+};
+
 /// loom::Fsdp's settings.
 struct FsdpOptions {
   /// The process group's: the timeout of the rendezvous and every collective, the backend.
@@ -83,6 +95,8 @@ struct FsdpOptions {
   bool backward_prefetch = true;
   /// FSDP2's mp_policy (default: every unit in the parameters' own dtype).
   MixedPrecisionPolicy mixed_precision;
+  /// rt.save's layout: one consolidated file, or each rank its pieces.
+  FsdpCheckpoint checkpoint = FsdpCheckpoint::Consolidated;
 };
 
 /// One unit of a loom::Fsdp, as Fsdp::units() describes it.
@@ -187,11 +201,14 @@ class Fsdp : public GroupDefaults<Fsdp> {
   /// collective every rank calls (one all-gather per dtype).
   std::vector<at::Tensor> full_parameters();
 
-  /// rt.save: one consolidated file (FSDP2's full state dict): every tensor of the module and
-  /// optimizer entries that is a piece (a parameter, an optimizer state of its shape) gathered
-  /// whole on every rank, rank 0 writes; the same file SingleProcess and Ddp write, which any
-  /// strategy loads at any world size. rt.load: any such file (of any strategy, at any world
-  /// size; Zero's sharded ones merged), each whole tensor cut to this rank's piece.
+  /// rt.save, consolidated (the default): one file (FSDP2's full state dict): every tensor of
+  /// the module and optimizer entries that is a piece (a parameter, an optimizer state of its
+  /// shape) gathered whole on every rank, rank 0 writes; the same file SingleProcess and Ddp
+  /// write. Sharded (FsdpCheckpoint::Sharded): each rank writes its pieces, rank 0 the main
+  /// file. Any strategy loads either at any world size. rt.load: any such file (of any
+  /// strategy, at any world size; Zero's sharded ones merged), each whole tensor cut to this
+  /// rank's piece; of a sharded Fsdp file, only this rank's rows are read, from the files that
+  /// hold them.
   void save_checkpoint(const std::filesystem::path& path, const State& state,
                        const checkpoint::CheckpointIO& io);
   c10::IValue load_checkpoint(const std::filesystem::path& path, const State& state,
@@ -203,6 +220,8 @@ class Fsdp : public GroupDefaults<Fsdp> {
   void post_backward();
   void check_step_ready();
   GradNorm clip_pieces(torch::optim::Optimizer& optimizer, double max_norm, double norm_type);
+  void save_sharded(const std::filesystem::path& path, const State& state,
+                    const checkpoint::CheckpointIO& io);
 
   ProcessGroup group_;
   std::unique_ptr<detail::FsdpState> state_;
@@ -212,6 +231,7 @@ class Fsdp : public GroupDefaults<Fsdp> {
 
 namespace loom {
 using dist::Fsdp;
+using dist::FsdpCheckpoint;
 using dist::FsdpOptions;
 using dist::FsdpUnitInfo;
 using dist::MixedPrecisionPolicy;

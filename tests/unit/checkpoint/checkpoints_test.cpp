@@ -235,7 +235,7 @@ TEST_CASE("A sharded checkpoint loads whole under any strategy, and a missing sh
   const auto file = ck::shard_path(path, "00ab", 1, 2);
   CHECK(file == tmp.path / "ck.00ab.shard-1-of-2.pt");
   const ck::ShardIndex index{
-      .world_size = 2, .files = {file.filename().string()}, .owners = {0, 1}, .numels = {6, 2}};
+      .world_size = 2, .files = {file.filename().string()}, .owners = {0, 1}, .numels = {6, 2}, .slots = {}, .rows = {}};
   ck::save_value(path, ck::with_shard_index(c10::IValue(main), index));
   ck::save_value(file, c10::IValue(shard));
 
@@ -272,7 +272,7 @@ TEST_CASE("A sharded checkpoint loads whole under any strategy, and a missing sh
   }
   SECTION("an index whose files do not fit its world size is refused") {
     const ck::ShardIndex bad{
-        .world_size = 3, .files = index.files, .owners = {0, 1}, .numels = {6, 2}};
+        .world_size = 3, .files = index.files, .owners = {0, 1}, .numels = {6, 2}, .slots = {}, .rows = {}};
     ck::save_value(path, ck::with_shard_index(c10::IValue(main), bad));
     CHECK_THROWS_WITH(rt2.load(path, loom::State{{"model", other}, {"optimizer", other_opt}}),
                       Contains("names 1 files for a world of 3"));
@@ -283,6 +283,75 @@ TEST_CASE("A sharded checkpoint loads whole under any strategy, and a missing sh
     ck::save_value(file, c10::IValue(stray));
     CHECK_THROWS_WITH(rt2.load(path, loom::State{{"model", other}, {"optimizer", other_opt}}),
                       Contains("holds states of 'model'") && Contains("no optimizer entry"));
+  }
+}
+
+TEST_CASE("Pieces on dim 0 merge whole, or into the rows a rank asks, from the files holding them",
+          "[checkpoint][shards]") {
+  namespace ck = loom::checkpoint;
+  TempDir tmp;
+  // A 5 x 2 tensor cut over 3 ranks as FSDP2 cuts it: chunk 2, rows 2, 2 and 1.
+  CHECK(ck::rows_of(5, 0, 3).first == 0);
+  CHECK(ck::rows_of(5, 1, 3).count == 2);
+  CHECK(ck::rows_of(5, 2, 3).first == 4);
+  CHECK(ck::rows_of(5, 2, 3).count == 1);
+  CHECK(ck::rows_of(1, 1, 2).count == 0);  // a rank past the rows holds none
+  const at::Tensor whole = at::arange(10, at::kFloat).reshape({5, 2});
+  const std::vector<c10::IValue> slot{c10::IValue(std::string("model")),
+                                      c10::IValue(std::string("w"))};
+  c10::impl::GenericDict model(c10::StringType::get(), c10::AnyType::get());
+  model.insert("w", whole.narrow(0, 0, 2).clone());
+  model.insert("b", at::ones({3}));  // not indexed: left as it is
+  c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
+  top.insert("model", model);
+  const auto path = tmp.path / "ck.pt";
+  ck::ShardIndex index;
+  index.format = 2;
+  index.world_size = 3;
+  for (int r = 1; r < 3; ++r) {
+    const auto file = ck::shard_path(path, "0f", r, 3);
+    index.files.push_back(file.filename().string());
+    ck::save_value(file, ck::pieces_file({slot}, {whole.narrow(0, 2 * r, r == 1 ? 2 : 1)}));
+  }
+  index.slots = {slot};
+  index.rows = {5};
+  ck::save_value(path, ck::with_shard_index(c10::IValue(top), index));
+  const auto read = ck::shard_index(ck::load_value(path), path);
+  CHECK(read.format == 2);
+  REQUIRE(read.slots.size() == 1);
+  CHECK(read.slots[0][1].toStringRef() == "w");
+  CHECK(read.rows == std::vector<std::int64_t>{5});
+
+  auto w = [](const c10::IValue& v) { return v.toGenericDict().at("model").toGenericDict().at("w"); };
+  const ck::TorchFile io;
+  const auto merged = ck::merge_shards(path, ck::load_value(path), io, c10::kCPU);
+  CHECK(at::equal(w(merged).toTensor(), whole));
+  CHECK_FALSE(ck::has_shard_index(merged));
+  CHECK(merged.toGenericDict().at("model").toGenericDict().at("b").toTensor().numel() == 3);
+  // Rank 1 of 2 (rows 3 and 4) reads ranks 1's and 2's files, not rank 0's rows past its own.
+  const auto upper = ck::merge_shards(path, ck::load_value(path), io, c10::kCPU, {},
+                                     [](std::int64_t n) { return ck::rows_of(n, 1, 2); });
+  CHECK(at::equal(w(upper).toTensor(), whole.narrow(0, 3, 2)));
+
+  SECTION("only the files holding the rows asked are read") {
+    fs::remove(tmp.path / index.files[0]);  // rank 1's rows 2 and 3
+    const auto last = ck::merge_shards(path, ck::load_value(path), io, c10::kCPU, {},
+                                       [](std::int64_t) { return ck::Rows{4, 1}; });
+    CHECK(at::equal(w(last).toTensor(), whole.narrow(0, 4, 1)));
+    CHECK_THROWS_WITH(ck::merge_shards(path, ck::load_value(path), io, c10::kCPU),
+                      Contains("ck.0f.shard-1-of-3.pt") && Contains("which is missing"));
+  }
+  SECTION("a piece of the wrong rows is named") {
+    ck::save_value(tmp.path / index.files[1], ck::pieces_file({slot}, {whole.narrow(0, 3, 2)}));
+    CHECK_THROWS_WITH(ck::merge_shards(path, ck::load_value(path), io, c10::kCPU),
+                      Contains("holds 2 rows of model/w where rank 2 of 3 has 1"));
+  }
+  SECTION("an index without its row counts is refused") {
+    auto bad = index;
+    bad.rows.clear();
+    ck::save_value(path, ck::with_shard_index(c10::IValue(top), bad));
+    CHECK_THROWS_WITH(ck::shard_index(ck::load_value(path), path),
+                      Contains("has 1 slots and 0 row counts"));
   }
 }
 
