@@ -4,8 +4,9 @@
 // table and the one in docs/architecture.md are the same; change both together.
 //
 //   build     p.bind_device(d.device())                  fp8-mixed: fp8 GPU     precision/
-//   setup     d.prepare -> p.convert_module -> d.module_to_device
+//   setup     d.prepare -> p.convert_module -> [empty: nn::materialize] -> d.module_to_device
 //             -> s.setup(module, d.device(), D::ddp_backend()) [-> d.optimizer_to_device]
+//             (empty: built under loom::EmptyInit; S::takes_empty_modules: s.setup does both)
 //   1         batch = rt.to_device(batch)                every tensor leaf      device/
 //   2         s.pre_forward()                            buckets, buffers       dist/
 //   3         args  = batch::map(args, p.convert_input)  floating leaves        precision/
@@ -54,6 +55,7 @@
 #include <loom/concepts/precision_policy.hpp>
 #include <loom/concepts/strategy.hpp>
 #include <loom/detail/checkpoint_files.hpp>
+#include <loom/detail/empty_module.hpp>
 #include <loom/detail/families.hpp>
 #include <loom/detail/module.hpp>
 #include <loom/detail/runtime_steps.hpp>
@@ -129,15 +131,34 @@ class Runtime {
   }
 
   /// Prepares the device, converts the module's weights, moves them to the device, then
-  /// hands the module to the strategy (Ddp: shapes checked, rank 0's weights broadcast).
+  /// hands the module to the strategy (Ddp: shapes checked, rank 0's weights broadcast). A
+  /// module built under loom::EmptyInit gets uninitialized memory on the device (loom::Fsdp:
+  /// each rank its pieces only) and no values: forward refuses to run until rt.load or
+  /// rt.reset_parameters gives them.
   template <class M>
   void setup(M& module) {
     torch::nn::Module& m = detail::as_module(module);
     device_.prepare();
     precision_.convert_module(m);
-    device_.module_to_device(m);
+    const bool empty = detail::give_memory<Strategy>(m, device_.device(),
+                                                     [&] { device_.module_to_device(m); });
     strategy_.setup(m, device_.device(), Device::ddp_backend());
-    set_up_ = true;
+    stage_ = empty ? detail::Stage::Empty : detail::Stage::Ready;
+  }
+
+  /// The modules' own initialization after setup (nn/empty_init.hpp): `init` runs on each
+  /// module holding parameters or buffers of its own, in registration order, on whole CPU
+  /// tensors made for that module alone, whose values are then kept (loom::Fsdp: each rank its
+  /// pieces); the default knows LibTorch's layers (nn::reset_parameters). Seeded as before
+  /// building, a model of LibTorch's layers gets the values a normal build gives it, on every
+  /// strategy and world size. What a module built under loom::EmptyInit calls when no
+  /// checkpoint gives its values; a collective under a distributed strategy.
+  template <class M>
+  void reset_parameters(M& module, const nn::Initializer& init = nn::reset_parameters) {
+    if (stage_ == detail::Stage::Built) [[unlikely]]
+      detail::throw_not_ready(stage_, "reset_parameters");
+    detail::reset_parameters(strategy_, detail::as_module(module), init);
+    stage_ = detail::Stage::Ready;
   }
 
   /// setup(module), then moves each optimizer's state to the device (Fabric's
@@ -176,8 +197,8 @@ class Runtime {
   /// forward_context, convert_output after the scope has closed.
   template <class M, class... Args>
   auto forward(M&& module, const Args&... args) {
-    if (!set_up_) [[unlikely]]
-      detail::throw_before_setup("forward");
+    if (stage_ != detail::Stage::Ready) [[unlikely]]
+      detail::throw_not_ready(stage_, "forward");
     strategy_.pre_forward();
     auto out = [&] {
       auto inputs = std::make_tuple(convert_input(args)...);
@@ -202,8 +223,8 @@ class Runtime {
   template <class M>
   [[nodiscard]] auto no_backward_sync(M& module, bool enabled = true) {
     (void)detail::as_module(module);
-    if (!set_up_) [[unlikely]]
-      detail::throw_before_setup("no_backward_sync");
+    if (stage_ == detail::Stage::Built) [[unlikely]]
+      detail::throw_not_ready(stage_, "no_backward_sync");
     return OptionalScope<decltype(strategy_.no_sync())>(enabled,
                                                         [this] { return strategy_.no_sync(); });
   }
@@ -349,7 +370,9 @@ class Runtime {
   /// rt.load with all of its settings (state/load_options.hpp).
   template <class S = State>
   StateDict load(const std::filesystem::path& path, const S& state, const LoadOptions& options) {
-    return detail::checkpoint_files<S>::load(*this, path, state, options);
+    StateDict rest = detail::checkpoint_files<S>::load(*this, path, state, options);
+    if (stage_ == detail::Stage::Empty) stage_ = detail::Stage::Ready;  // the values are in
+    return rest;
   }
 
   /// Adds a logger that log, log_dict and log_hyperparams feed (Fabric's `loggers=`), first
@@ -412,7 +435,8 @@ class Runtime {
   [[no_unique_address]] Precision precision_;
   [[no_unique_address]] Strategy strategy_;
   Loggers loggers_;
-  bool set_up_ = false;  // setup has run: forward refuses to run before it, on every strategy
+  // Before setup, set up without values (EmptyInit), ready: forward runs only when ready.
+  detail::Stage stage_ = detail::Stage::Built;
   // Under a precision whose forward runs in autocast: whether a forward scope opened since the
   // last step (detail/runtime_steps.hpp); other precisions hold nothing for it.
   [[no_unique_address]] std::conditional_t<Precision::precision().ends_with("-mixed"),

@@ -16,9 +16,11 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
 
 #include <loom/error.hpp>
+#include <loom/nn/empty_init.hpp>
 #include <loom/nn/fsdp_unit.hpp>
 
 #include "fsdp_state.hpp"
@@ -90,7 +92,23 @@ void Fsdp::setup(torch::nn::Module& module, c10::Device device, std::string_view
   if (!s.units.empty()) throw Error(std::string(who) + ": setup was called twice");
   const int world = group_.world_size();
   const int rank = group_.rank();
+  s.device = device;
   at::NoGradGuard no_grad;
+  // Built under loom::EmptyInit (the runtime left it to this setup): each meta parameter gets
+  // only this rank's piece, each meta buffer its whole memory, uninitialized; the rest moves.
+  const bool empty = nn::has_meta_tensors(module);
+  if (empty) {
+    for (const auto& t : module.parameters(/*recurse=*/true)) {
+      if (!t.is_meta() && t.device() != device) t.set_data(t.to(device));
+    }
+    for (const auto& t : module.buffers(/*recurse=*/true)) {
+      if (t.is_meta()) {
+        nn::adopt_storage(t, at::empty(t.sizes(), t.options().device(device)));
+      } else if (t.device() != device) {
+        t.set_data(t.to(device));
+      }
+    }
+  }
   const auto params = unique_parameters(module);
   for (const auto& p : params) {
     if (p.dim() == 0) {
@@ -100,8 +118,9 @@ void Fsdp::setup(torch::nn::Module& module, c10::Device device, std::string_view
     }
   }
   // One model on every rank: rank 0's parameters and buffers (FSDP2 leaves that to the
-  // seed; a rank that built another model would train another one).
+  // seed; a rank that built another model would train another one). Empty ones have none.
   auto broadcast = [&](const at::Tensor& t) {  // in place, through a copy if strided
+    if (empty) return;
     at::Tensor whole = t.detach();
     if (whole.is_contiguous()) {
       group_.broadcast(whole, 0);
@@ -124,8 +143,8 @@ void Fsdp::setup(torch::nn::Module& module, c10::Device device, std::string_view
     f.chunk = (rows + world - 1) / world;
     f.local = std::clamp<int64_t>(rows - static_cast<int64_t>(rank) * f.chunk, 0, f.chunk);
     f.row_numel = rows == 0 ? 0 : p.numel() / rows;
-    f.padded = at::zeros(f.shape(f.chunk), p.options());
-    if (f.local > 0) {
+    f.padded = at::zeros(f.shape(f.chunk), p.options().device(device));
+    if (f.local > 0 && !p.is_meta()) {
       f.padded.narrow(0, 0, f.local)
           .copy_(p.detach().narrow(0, static_cast<int64_t>(rank) * f.chunk, f.local));
     }
@@ -158,9 +177,47 @@ void Fsdp::setup(torch::nn::Module& module, c10::Device device, std::string_view
   }
   for (const auto& p : params) s.order.push_back(by_impl.at(p.unsafeGetTensorImpl()));
   for (auto* f : s.order) {
-    f->param.set_data(f->piece());
+    if (f->param.is_meta()) {
+      nn::adopt_storage(f->param, f->piece());  // set_data cannot leave the meta device
+    } else {
+      f->param.set_data(f->piece());
+    }
     if (f->param.grad().defined()) f->param.mutable_grad() = at::Tensor();
   }
+}
+
+void Fsdp::reset_parameters(torch::nn::Module& module, const nn::Initializer& init) {
+  auto& s = *state_;
+  check_step_ready();
+  // Rank 0's CPU generator on every rank: each module's whole values drawn alike everywhere
+  // (those one process draws), each rank keeping its piece. It stays rank 0's afterwards.
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  if (group_.world_size() > 1) {
+    at::Tensor state = gen.get_state().to(s.device);
+    group_.broadcast(state, 0);
+    gen.set_state(state.cpu());
+  }
+  std::unordered_map<const void*, FsdpParam*> by_impl;
+  for (auto* f : s.order) by_impl.emplace(f->param.unsafeGetTensorImpl(), f);
+  auto find = [&](const at::Tensor& t) -> FsdpParam* {
+    const auto it = by_impl.find(t.unsafeGetTensorImpl());
+    return it == by_impl.end() ? nullptr : it->second;
+  };
+  const int64_t rank = group_.rank();
+  nn::init_each(
+      module, init,
+      [&](const at::Tensor& t) {
+        const FsdpParam* f = find(t);
+        return f != nullptr ? f->sizes : t.sizes().vec();
+      },
+      [&](const at::Tensor& held, const at::Tensor& whole) {
+        const FsdpParam* f = find(held);
+        if (f == nullptr) {  // a buffer: whole on every rank
+          held.detach().copy_(whole);
+        } else if (f->local > 0) {
+          held.detach().copy_(whole.narrow(0, std::min(rank * f->chunk, f->sizes[0]), f->local));
+        }
+      });
 }
 
 void Fsdp::pre_forward() {

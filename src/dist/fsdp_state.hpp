@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
 #include <loom/dist/fsdp.hpp>
@@ -78,6 +79,7 @@ class Unit;
 struct FsdpState {
   FsdpOptions options;
   ProcessGroup* group = nullptr;
+  c10::Device device{c10::kCPU};  // setup's: where the pieces live
   std::vector<std::shared_ptr<Unit>> units;  // the root first
   std::vector<FsdpParam*> order;             // every parameter, in the module's order
   bool sync = true;                          // no no_sync guard lives

@@ -311,6 +311,58 @@ def sharded_checkpoints(worker, d, py):
           r.stderr.strip().splitlines()[-1][:150])
 
 
+def empty_init(worker, d, py):
+    """The model built under loom::EmptyInit (meta tensors, no values): Fsdp on 2 ranks
+    resumes from the consolidated and from the sharded save (each rank allocating and reading
+    only its pieces) bitwise; Ddp on 2 loads the consolidated file into it and saves the same
+    file again; rt.reset_parameters gives Fsdp on 2 and 4 ranks, Ddp on 2 and one process the
+    values one process's normal build gets with the same seed; without either, forward
+    refuses to run and says why."""
+    import subprocess
+    common = [f"dir={d}", f"samples={SAMPLES}", f"steps={STEPS}"]
+    half = STEPS // 2
+    for tag, ckpt in (("empty_c", "ckpt_fsdp_a.pt"), ("empty_s", "ckpt_fsdp_s.pt")):
+        torchrun(["--no-python", worker, *common, "empty=1", f"load={d / ckpt}",
+                  f"start={half}", f"tag={tag}"], WORLD, f"loom fsdp, empty, resuming {ckpt}",
+                 test="fsdp_parity")
+        if not bitwise(py, ranks(d, tag)):
+            raise SystemExit(f"fsdp_parity: built empty and resumed from {ckpt}, Fsdp differs "
+                             "from Python's")
+        print(f"fsdp empty init: built on the meta device, resumed from {ckpt} on 2 ranks: "
+              "bitwise equal to Python's")
+    again = d / "ckpt_empty_ddp.pt"
+    torchrun(["--no-python", worker, *common, "strategy=ddp", "empty=1",
+              f"load={d / 'ckpt_fsdp_a.pt'}", f"start={half}", f"resave={again}",
+              "tag=empty_ddp"], WORLD, "loom ddp, empty, loading", test="fsdp_parity")
+    why = same_file(torch.load(d / "ckpt_fsdp_a.pt", weights_only=True),
+                    torch.load(again, weights_only=True))
+    if why:
+        raise SystemExit(f"fsdp_parity: Ddp built empty read the file wrongly: {why}")
+    print("fsdp empty init: Ddp on 2 built empty, loaded and saved again: the same file")
+    seed = ["steps=0", "seed=7"]
+    torchrun([worker, *common, *seed, "strategy=single", "tag=seed_ref"], 0,
+             "loom single, seeded", test="fsdp_parity")
+    ref = launch.ranks(d, "seed_ref", 1)[0]
+    for tag, nproc, strategy in (("reset_f2", 2, "fsdp"), ("reset_f4", 4, "fsdp"),
+                                 ("reset_d2", 2, "ddp"), ("reset_s", 0, "single")):
+        launcher = ["--no-python"] if nproc else []
+        torchrun([*launcher, worker, *common, "steps=0", "empty=1", "reset=7",
+                  f"strategy={strategy}", f"tag={tag}"], nproc,
+                 f"loom {strategy}, empty, reset_parameters", test="fsdp_parity")
+        got = launch.ranks(d, tag, max(nproc, 1))
+        if not bitwise([ref] * len(got), got):
+            raise SystemExit(f"fsdp_parity: reset_parameters under {strategy} on "
+                             f"{max(nproc, 1)} differs from the seeded build "
+                             f"(max |diff| {maxdiff([ref] * len(got), got):.3g})")
+        print(f"fsdp empty init: reset_parameters under {strategy} on {max(nproc, 1)} rank(s): "
+              "bitwise the values of the seeded build")
+    r = subprocess.run([worker, *common, "strategy=single", "empty=1", "tag=novalues"],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode == 0 or "holds no values yet" not in r.stderr:
+        raise SystemExit(f"fsdp_parity: forward ran without values: {r.stderr[-500:]}")
+    print("fsdp empty init: without values: " + r.stderr.strip().splitlines()[-1][:160])
+
+
 def cuda_smoke(worker, d):
     """On a GPU (ctest dist.cuda_fsdp, label gpu): loom::Fsdp on one rank over NCCL against
     one process, 20 steps each on CUDA: with one rank the gather and the reduce-scatter move
@@ -410,6 +462,7 @@ def driver(worker, d):
                 raise SystemExit(f"fsdp_parity: loom {tag}'s ranks differ ({what})")
     checkpoints(worker, d, py_true)
     sharded_checkpoints(worker, d, py_true)
+    empty_init(worker, d, py_true)
     print("dist fsdp: ok")
 
 

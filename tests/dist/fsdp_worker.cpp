@@ -4,6 +4,7 @@
 //   loom_fsdp_worker dir=DIR samples=N steps=S [strategy=fsdp|ddp] [accumulate=K] [clip=C]
 //                    [policy=bf16] [checkpoint=1] [reshard=0] [tag=NAME]
 //                    [save_at=I] [load=FILE start=I [resave=FILE]] [sharded=1]
+//                    [empty=1] [reset=SEED] [seed=SEED]
 //
 // Reads DIR/init.bin (the parameters, f32, in the module's order), DIR/x.bin (N x 15 f32) and
 // DIR/y.bin (N int64); step i trains on rows [8i, 8i + 8), each rank its half, in K
@@ -15,13 +16,17 @@
 // the optimizer) before step I, and the whole parameters then to DIR/TAG_saved_rankR.bin;
 // load=FILE: rt.load before the first step, which is `start`; with resave=FILE the loaded
 // state is saved again at once to FILE and the run ends; sharded=1: rt.save writes each rank's
-// pieces (FsdpCheckpoint::Sharded). strategy=single: one process.
+// pieces (FsdpCheckpoint::Sharded). empty=1: the model built under loom::EmptyInit (no values
+// until load= or reset=); reset=SEED: rt.reset_parameters after setup, seeded; seed=SEED: the
+// model built normally with that seed instead of read from init.bin. strategy=single: one
+// process.
 // device=cuda: on the CUDA device of the local rank (NCCL), the peak of allocated bytes printed.
 #include <cstdint>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,12 +77,15 @@ struct BlockImpl : torch::nn::Module {
 TORCH_MODULE(Block);
 
 /// The model of fsdp_parity.py: three blocks, each a unit, then a LayerNorm and the head in
-/// the root; row counts 15 and 5 leave the last rank's pieces padded.
+/// the root; row counts 15 and 5 leave the last rank's pieces padded. Built in registration
+/// order (a constructor's arguments are built in an unspecified order), as reset_parameters
+/// initializes them.
 torch::nn::Sequential make_model(bool checkpoint) {
-  return torch::nn::Sequential(loom::FsdpUnit<Block>(checkpoint), loom::FsdpUnit<Block>(checkpoint),
-                               loom::FsdpUnit<Block>(checkpoint),
-                               torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})),
-                               torch::nn::Linear(width, classes));
+  torch::nn::Sequential model;
+  for (int i = 0; i < 3; ++i) model->push_back(loom::FsdpUnit<Block>(checkpoint));
+  model->push_back(torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})));
+  model->push_back(torch::nn::Linear(width, classes));
+  return model;
 }
 
 template <class D, class S>
@@ -88,10 +96,17 @@ int train(S strategy) {
   const double clip = std::stod(arg("clip", "0"));
   loom::Runtime<D, loom::Fp32, S> rt(D(), loom::Fp32(), std::move(strategy));
   auto& s = rt.strategy();
-  auto model = make_model(arg("checkpoint", "0") == "1");
+  const bool empty = arg("empty", "0") == "1", seeded = !arg("seed", "").empty();
+  if (seeded) torch::manual_seed(std::stoull(arg("seed", "")));
+  torch::nn::Sequential model{nullptr};
+  {
+    std::optional<loom::EmptyInit> meta;
+    if (empty) meta.emplace();
+    model = make_model(arg("checkpoint", "0") == "1");
+  }
   std::int64_t total = 0;
   for (const auto& p : model->parameters()) total += p.numel();
-  {
+  if (!empty && !seeded) {
     torch::NoGradGuard g;
     auto init = read_raw<float>(dir + "/init.bin", static_cast<std::size_t>(total));
     std::size_t at = 0;
@@ -106,6 +121,10 @@ int train(S strategy) {
   const auto Y = torch::from_blob(ys.data(), {n}, torch::kLong).clone();
   loom::optim::AdamW opt(model->parameters(), loom::optim::AdamWOptions(1e-2).weight_decay(0.01));
   rt.setup(model, opt);
+  if (const std::string seed = arg("reset", ""); !seed.empty()) {
+    torch::manual_seed(std::stoull(seed));
+    rt.reset_parameters(model);
+  }
   const int world = s.world_size(), per = global / world;
   loom::State state{{"model", model}, {"optimizer", opt}};
   // The whole parameters to DIR/NAME_rankR.bin: under Fsdp gathered from every rank's pieces

@@ -43,6 +43,7 @@
 #include <loom/checkpoint/checkpoint_io.hpp>
 #include <loom/concepts/strategy.hpp>
 #include <loom/dist/process_group.hpp>
+#include <loom/nn/empty_init.hpp>
 #include <loom/nn/fsdp_unit.hpp>
 #include <loom/state_dict.hpp>
 #include <loom/step_result.hpp>
@@ -141,6 +142,10 @@ class Fsdp : public GroupDefaults<Fsdp> {
   static constexpr bool takes_precision(std::string_view precision) {
     return precision != "16-mixed";
   }
+  /// A module built under loom::EmptyInit comes to setup on the meta device: each rank
+  /// allocates only its pieces (and the buffers), uninitialized until rt.load or
+  /// rt.reset_parameters.
+  static constexpr bool takes_empty_modules = true;
 
   /// Reads and validates the environment; connects nothing yet (setup() does).
   Fsdp();
@@ -188,6 +193,11 @@ class Fsdp : public GroupDefaults<Fsdp> {
                           Clip&&) {
     return clip_pieces(optimizer, max_norm, norm_type);
   }
+
+  /// rt.reset_parameters: rank 0's CPU generator state on every rank, then each module's
+  /// whole values drawn by `init` on the CPU, one module at a time, each rank keeping its
+  /// rows: the values one process gets, on every world size. A collective.
+  void reset_parameters(torch::nn::Module& module, const nn::Initializer& init);
 
   const FsdpOptions& options() const;
   ProcessGroup& process_group() { return group_; }
