@@ -367,7 +367,9 @@ def cuda_smoke(worker, d):
     """On a GPU (ctest dist.cuda_fsdp, label gpu): loom::Fsdp on one rank over NCCL against
     one process, 20 steps each on CUDA: with one rank the gather and the reduce-scatter move
     nothing, so the two must be bitwise equal; bf16 param / f32 reduce runs beside; the peak
-    of allocated bytes of each run is reported."""
+    of allocated bytes of each run is reported. Then the model built under loom::EmptyInit:
+    its pieces allocated on the GPU, rt.reset_parameters under Fsdp on one rank must give the
+    values one process's seeded build gets (moved to the GPU)."""
     import re
     d.mkdir(parents=True, exist_ok=True)
     write_inputs(d)
@@ -389,7 +391,18 @@ def cuda_smoke(worker, d):
             f"max|diff| {float(np.abs(runs['fsdp_bf16'][0] - runs['fsdp'][0]).max()):.3g}")
     if not same:
         raise SystemExit(f"dist cuda_fsdp: FAILED: {line}")
-    print(f"dist cuda_fsdp: ok, {line}")
+    seeded = []
+    for tag, nproc, args in (("seeded", 0, ["strategy=single", "seed=7"]),
+                             ("empty", 1, ["strategy=fsdp", "empty=1", "reset=7"])):
+        launcher = ["--no-python"] if nproc else []
+        torchrun([*launcher, worker, *common, "steps=0", *args, f"tag={tag}"], nproc,
+                 f"loom {tag} on CUDA", test="cuda_fsdp")
+        seeded.append(np.fromfile(d / f"{tag}_rank0.bin", dtype="<f4"))
+    if not np.array_equal(seeded[0].view("<u4"), seeded[1].view("<u4")):
+        raise SystemExit("dist cuda_fsdp: FAILED: an EmptyInit model reset under Fsdp on CUDA "
+                         "differs from the seeded build")
+    print(f"dist cuda_fsdp: ok, {line}; EmptyInit + reset_parameters on CUDA: the seeded "
+          "build's values")
 
 
 def expect_prefetch(out, tag):
