@@ -3,12 +3,14 @@
 #   OS packages: cmake, ninja, g++, clang-14 (the second compiler), clang-format, ccache,
 #                Catch2 2.x, Boost 1.81 (Hana), CLI11 (the examples' command lines), Google
 #                Benchmark, Doxygen (the API reference), Fashion-MNIST (the quick-start example),
-#                libdeflate (checkpoint CRC-32s), Protobuf (TensorBoard event files).
+#                libdeflate (checkpoint CRC-32s), Protobuf (TensorBoard event files),
+#                nlohmann/json (safetensors headers).
 #   Python:      a virtual environment with the pinned torch wheel, outside the repository,
 #                at $LOOM_VENV (default $LOOM_HOME/torch-<version>, LOOM_HOME=$HOME/.cache/loom),
 #                and the pinned tensorboard, which the logger tests read event files with, and
 #                matplotlib, which scripts/plot_metrics.py draws with (test
-#                example.quickstart.metrics.plot).
+#                example.quickstart.metrics.plot), and safetensors, Hugging Face's reader and
+#                writer, a parity peer of loom's (test checkpoint.safetensors.python).
 # Prints the virtual environment's path on its last line.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -21,7 +23,7 @@ log() { echo "[loom deps] $*" >&2; }
 
 os_packages=(cmake ninja-build g++ clang-14 libclang-rt-14-dev clang-format-14 ccache gzip python3-venv
              catch2 libboost1.81-dev libcli11-dev libgloo-dev libbenchmark-dev libdeflate-dev doxygen
-             libprotobuf-dev protobuf-compiler
+             libprotobuf-dev protobuf-compiler nlohmann-json3-dev
              dataset-fashion-mnist)
 missing=()
 for p in "${os_packages[@]}"; do
@@ -64,4 +66,5 @@ pinned() {
 }
 pinned tensorboard "$LOOM_TENSORBOARD_VERSION" "the logger tests' reader"
 pinned matplotlib "$LOOM_MATPLOTLIB_VERSION" "the metrics plot and its test"
+pinned safetensors "$LOOM_SAFETENSORS_VERSION" "the safetensors parity test"
 echo "$LOOM_VENV"

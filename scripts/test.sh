@@ -6,8 +6,8 @@
 # With --all, as CI runs it (.ci/run): the same, then the same again with Clang 14 in
 # $LOOM_BUILD_DIR-clang, which leaves out the tests labelled packaging too (the install modes
 # other than find_package: they check CMake packaging, not the compiler) and those labelled
-# slow (long numerical runs, which the GCC half runs), then the checkpoint reader's fuzzer for
-# 60 s (scripts/fuzz.sh, in the Clang tree).
+# slow (long numerical runs, which the GCC half runs), then the checkpoint and safetensors
+# readers' fuzzers for 60 s each (scripts/fuzz.sh, in the Clang tree).
 #   bash scripts/test.sh [--all] [ctest args]   e.g. bash scripts/test.sh -L install
 # Every other argument goes to the ctest runs.
 # Every step runs even when an earlier one fails; the last line sums them up, and the exit
@@ -94,7 +94,7 @@ if [ "$all" = 1 ]; then
   # what they run is built and tested by the GCC half and by the Clang half's other tests.
   suite clang "${LOOM_CLANG:-clang++-14}" "$LOOM_BUILD_DIR-clang" "gpu|packaging|slow" "$@"
 
-  # The checkpoint reader's fuzzer (scripts/fuzz.sh) in the Clang tree, LOOM_FUZZ_SECONDS (60).
+  # The readers' fuzzers (scripts/fuzz.sh) in the Clang tree, LOOM_FUZZ_SECONDS (60) each.
   fuzz_log=$LOOM_BUILD_DIR-fuzz.log
   if bash "$LOOM_ROOT/scripts/fuzz.sh" "${LOOM_FUZZ_SECONDS:-60}" 2>&1 | tee "$fuzz_log"; then
     summary+=("$(tail -n 1 "$fuzz_log" | sed 's/^\[loom\] //')")
