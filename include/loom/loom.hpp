@@ -48,7 +48,6 @@
 #include <loom/loggers/progress_bar.hpp>
 #include <loom/loggers/tensorboard_logger.hpp>
 #include <loom/nn/activation_checkpoint.hpp>
-#include <loom/nn/empty_init.hpp>
 #include <loom/nn/fsdp_unit.hpp>
 #include <loom/optim/adam.hpp>
 #include <loom/optim/chained_scheduler.hpp>
