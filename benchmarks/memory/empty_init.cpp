@@ -92,10 +92,14 @@ int main(int argc, char** argv) {
   std::string file = (std::filesystem::temp_directory_path() / "loom_empty_init_bench.pt").string();
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i], value = argv[i + 1];
-    if (key == "--layers") layers = std::stoll(value);
-    else if (key == "--width") width = std::stoll(value);
-    else if (key == "--rounds") rounds = std::stoll(value);
-    else if (key == "--file") file = value;
+    if (key == "--layers")
+      layers = std::stoll(value);
+    else if (key == "--width")
+      width = std::stoll(value);
+    else if (key == "--rounds")
+      rounds = std::stoll(value);
+    else if (key == "--file")
+      file = value;
     else {
       std::fprintf(stderr, "unknown option %s\n", key.c_str());
       return 2;

@@ -105,10 +105,11 @@ int train(const Options& o) {
   int64_t held = 0;
   for (const auto& p : model->parameters()) held += p.numel();
   if (rank == 0) {
-    std::printf("fsdp_char_lm: a %lld-layer transformer of %lld parameters on %d rank(s), %lld "
-                "of them held by rank 0 (%zu units)\n",
-                static_cast<long long>(o.layers), static_cast<long long>(n_params), world,
-                static_cast<long long>(held), rt.strategy().units().size());
+    std::printf(
+        "fsdp_char_lm: a %lld-layer transformer of %lld parameters on %d rank(s), %lld "
+        "of them held by rank 0 (%zu units)\n",
+        static_cast<long long>(o.layers), static_cast<long long>(n_params), world,
+        static_cast<long long>(held), rt.strategy().units().size());
   }
 
   const int64_t last = o.max_steps >= 0 ? std::min(o.steps, o.max_steps) : o.steps;
@@ -137,7 +138,9 @@ int train(const Options& o) {
   const bool learned = step < o.steps || val < uniform - 1.0;
   if (rank == 0) {
     std::printf("validation loss %.4f, uniform guess %.4f: %s\n", val, uniform,
-                step < o.steps ? "stopped early" : learned ? "learned" : "did NOT learn");
+                step < o.steps ? "stopped early"
+                : learned      ? "learned"
+                               : "did NOT learn");
   }
   rt.teardown();
   return learned ? 0 : 1;

@@ -184,8 +184,7 @@ at::Tensor loss_of(RT& rt, Model& model, const at::Tensor& x, const at::Tensor& 
 
 /// The mean loss over fixed windows of the validation text.
 template <class RT, class Model>
-double validation_loss(RT& rt, Model& model, const at::Tensor& val, int64_t block,
-                       int64_t batch) {
+double validation_loss(RT& rt, Model& model, const at::Tensor& val, int64_t block, int64_t batch) {
   at::NoGradGuard no_grad;
   model->eval();
   double sum = 0;

@@ -140,8 +140,8 @@ class Runtime {
     torch::nn::Module& m = detail::as_module(module);
     device_.prepare();
     precision_.convert_module(m);
-    const bool empty = detail::give_memory<Strategy>(m, device_.device(),
-                                                     [&] { device_.module_to_device(m); });
+    const bool empty =
+        detail::give_memory<Strategy>(m, device_.device(), [&] { device_.module_to_device(m); });
     strategy_.setup(m, device_.device(), Device::ddp_backend());
     stage_ = empty ? detail::Stage::Empty : detail::Stage::Ready;
   }

@@ -152,7 +152,8 @@ Header parse_header(std::string_view text, std::uint64_t buffer_size, const std:
     }
     Entry e;
     e.name = name;
-    if (!v["dtype"].is_string() || (e.dtype = dtype_named(v["dtype"].get<std::string>())) == nullptr) {
+    if (!v["dtype"].is_string() ||
+        (e.dtype = dtype_named(v["dtype"].get<std::string>())) == nullptr) {
       bad(what, where + " has an unknown dtype " + v["dtype"].dump());
     }
     if (!v["shape"].is_array()) bad(what, where + " has a shape that is not a list");
@@ -171,7 +172,8 @@ Header parse_header(std::string_view text, std::uint64_t buffer_size, const std:
       bad(what, where + " has data_offsets that are not [begin, end] with begin <= end");
     }
     const auto item = static_cast<std::uint64_t>(c10::elementSize(e.dtype->type));
-    if (overflow || (elements != 0 && item > std::numeric_limits<std::uint64_t>::max() / elements) ||
+    if (overflow ||
+        (elements != 0 && item > std::numeric_limits<std::uint64_t>::max() / elements) ||
         elements * item != e.end - e.begin) {
       bad(what, where + " holds " + std::to_string(e.end - e.begin) +
                     " bytes where its shape and dtype make " +
@@ -187,7 +189,8 @@ Header parse_header(std::string_view text, std::uint64_t buffer_size, const std:
   for (const auto& e : h.entries) {
     if (e.begin != at) {
       bad(what, "the tensor '" + e.name + "' starts at byte " + std::to_string(e.begin) +
-                    " of the data where " + (e.begin < at ? "another tensor's bytes end at " : "the bytes before end at ") +
+                    " of the data where " +
+                    (e.begin < at ? "another tensor's bytes end at " : "the bytes before end at ") +
                     std::to_string(at) + (e.begin < at ? " (they overlap)" : " (a gap)"));
     }
     at = e.end;
@@ -208,8 +211,8 @@ Header read_header(const char* data, std::uint64_t size, const std::string& what
                   std::to_string(max_header) + ")");
   }
   if (n > size - 8) {
-    bad(what, "its header claims " + std::to_string(n) + " bytes of a file of " +
-                  std::to_string(size));
+    bad(what,
+        "its header claims " + std::to_string(n) + " bytes of a file of " + std::to_string(size));
   }
   Header h = parse_header(std::string_view(data + 8, n), size - 8 - n, what);
   h.data_start = 8 + n;
@@ -282,7 +285,8 @@ void save(const std::filesystem::path& path,
   std::vector<std::pair<std::string, at::Tensor>> order;
   std::set<std::string> names;
   for (const auto& [name, t] : tensors) {
-    if (name == "__metadata__") throw Error("loom::safetensors: a tensor cannot be named __metadata__");
+    if (name == "__metadata__")
+      throw Error("loom::safetensors: a tensor cannot be named __metadata__");
     if (!names.insert(name).second) {
       throw Error("loom::safetensors: the name '" + name + "' is given twice");
     }
@@ -324,8 +328,8 @@ void save(const std::filesystem::path& path,
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
-    throw Error("loom::safetensors: cannot rename " + tmp.string() + " to " + path.string() +
-                ": " + ec.message());
+    throw Error("loom::safetensors: cannot rename " + tmp.string() + " to " + path.string() + ": " +
+                ec.message());
   }
   file.keep();
   checkpoint::detail::sync_directory(dir);
@@ -366,8 +370,8 @@ LoadReport load_into(torch::nn::Module& module, const std::filesystem::path& pat
   for (const auto& [name, t] : file.tensors) {
     if (seen.count(name) == 0) report.unexpected.push_back(name);
   }
-  if (strict && (!report.missing.empty() || !report.unexpected.empty() ||
-                 !report.mismatched.empty())) {
+  if (strict &&
+      (!report.missing.empty() || !report.unexpected.empty() || !report.mismatched.empty())) {
     std::string text = "loom::safetensors: " + path.string() + " does not fit the module:";
     auto list = [&](const char* kind, const std::vector<std::string>& names) {
       if (names.empty()) return;
@@ -414,7 +418,8 @@ Tensors load_sharded(const std::filesystem::path& index) {
   Tensors out;
   if (root.contains("metadata") && root["metadata"].is_object()) {
     for (auto m = root["metadata"].begin(); m != root["metadata"].end(); ++m) {
-      out.metadata[m.key()] = m.value().is_string() ? m.value().get<std::string>() : m.value().dump();
+      out.metadata[m.key()] =
+          m.value().is_string() ? m.value().get<std::string>() : m.value().dump();
     }
   }
   for (const auto& [file, names] : by_file) {

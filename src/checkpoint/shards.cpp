@@ -200,9 +200,9 @@ void merge_pieces(c10::IValue& top, const ShardIndex& index, const std::filesyst
       }
       parts.push_back(piece.narrow(0, take.first - have.first, take.count));
     }
-    at::Tensor out = parts.empty()                                     ? first.narrow(0, 0, 0)
-                     : parts.size() == 1                               ? parts.front()
-                     : at::cat(parts, 0);
+    at::Tensor out = parts.empty()       ? first.narrow(0, 0, 0)
+                     : parts.size() == 1 ? parts.front()
+                                         : at::cat(parts, 0);
     d->insert_or_assign(slot.back(), out);
   }
 }

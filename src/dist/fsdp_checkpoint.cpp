@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <exception>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -166,10 +166,9 @@ c10::IValue Fsdp::load_checkpoint(const std::filesystem::path& path, const State
   loom::detail::agree_on(group_, std::string(who) + ": loading " + path.string(), [&] {
     checkpoint::DeferredChecks checks;  // every CRC-32 inside the agreement
     // Of a sharded Fsdp file only this rank's rows (a piece on any world size).
-    value = checkpoint::merge_shards(path, io.load(path, device), io, device, {},
-                                     [&](int64_t whole) {
-                                       return checkpoint::rows_of(whole, rank, world);
-                                     });
+    value = checkpoint::merge_shards(
+        path, io.load(path, device), io, device, {},
+        [&](int64_t whole) { return checkpoint::rows_of(whole, rank, world); });
     checks.finish();
   });
   if (!value.isGenericDict()) return value;  // rt.load names what is wrong

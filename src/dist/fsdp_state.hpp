@@ -79,7 +79,7 @@ class Unit;
 struct FsdpState {
   FsdpOptions options;
   ProcessGroup* group = nullptr;
-  c10::Device device{c10::kCPU};  // setup's: where the pieces live
+  c10::Device device{c10::kCPU};             // setup's: where the pieces live
   std::vector<std::shared_ptr<Unit>> units;  // the root first
   std::vector<FsdpParam*> order;             // every parameter, in the module's order
   bool sync = true;                          // no no_sync guard lives

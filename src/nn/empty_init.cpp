@@ -6,13 +6,13 @@
 #include <utility>
 
 #include <ATen/ATen.h>
+#include <torch/nn/module.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/instancenorm.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
-#include <torch/nn/module.h>
 
 #include <loom/error.hpp>
 

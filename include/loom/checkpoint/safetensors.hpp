@@ -72,7 +72,8 @@ std::vector<std::pair<std::string, at::Tensor>> named_tensors(const torch::nn::M
 struct LoadReport {
   std::vector<std::string> missing;     // in the module, not in the file
   std::vector<std::string> unexpected;  // in the file, not in the module
-  std::vector<std::string> mismatched;  // in both, of other shapes: "NAME: [2, 3] in the file, [3, 2] in the module"
+  std::vector<std::string>
+      mismatched;  // in both, of other shapes: "NAME: [2, 3] in the file, [3, 2] in the module"
 };
 
 /// The file's tensors copied into `module`'s parameters and buffers of the same names (cast to

@@ -234,8 +234,12 @@ TEST_CASE("A sharded checkpoint loads whole under any strategy, and a missing sh
   const auto path = tmp.path / "ck.pt";
   const auto file = ck::shard_path(path, "00ab", 1, 2);
   CHECK(file == tmp.path / "ck.00ab.shard-1-of-2.pt");
-  const ck::ShardIndex index{
-      .world_size = 2, .files = {file.filename().string()}, .owners = {0, 1}, .numels = {6, 2}, .slots = {}, .rows = {}};
+  const ck::ShardIndex index{.world_size = 2,
+                             .files = {file.filename().string()},
+                             .owners = {0, 1},
+                             .numels = {6, 2},
+                             .slots = {},
+                             .rows = {}};
   ck::save_value(path, ck::with_shard_index(c10::IValue(main), index));
   ck::save_value(file, c10::IValue(shard));
 
@@ -271,8 +275,12 @@ TEST_CASE("A sharded checkpoint loads whole under any strategy, and a missing sh
                       Contains("ck.00ab.shard-1-of-2.pt") && Contains("which is missing"));
   }
   SECTION("an index whose files do not fit its world size is refused") {
-    const ck::ShardIndex bad{
-        .world_size = 3, .files = index.files, .owners = {0, 1}, .numels = {6, 2}, .slots = {}, .rows = {}};
+    const ck::ShardIndex bad{.world_size = 3,
+                             .files = index.files,
+                             .owners = {0, 1},
+                             .numels = {6, 2},
+                             .slots = {},
+                             .rows = {}};
     ck::save_value(path, ck::with_shard_index(c10::IValue(main), bad));
     CHECK_THROWS_WITH(rt2.load(path, loom::State{{"model", other}, {"optimizer", other_opt}}),
                       Contains("names 1 files for a world of 3"));
@@ -322,7 +330,9 @@ TEST_CASE("Pieces on dim 0 merge whole, or into the rows a rank asks, from the f
   CHECK(read.slots[0][1].toStringRef() == "w");
   CHECK(read.rows == std::vector<std::int64_t>{5});
 
-  auto w = [](const c10::IValue& v) { return v.toGenericDict().at("model").toGenericDict().at("w"); };
+  auto w = [](const c10::IValue& v) {
+    return v.toGenericDict().at("model").toGenericDict().at("w");
+  };
   const ck::TorchFile io;
   const auto merged = ck::merge_shards(path, ck::load_value(path), io, c10::kCPU);
   CHECK(at::equal(w(merged).toTensor(), whole));
@@ -330,13 +340,15 @@ TEST_CASE("Pieces on dim 0 merge whole, or into the rows a rank asks, from the f
   CHECK(merged.toGenericDict().at("model").toGenericDict().at("b").toTensor().numel() == 3);
   // Rank 1 of 2 (rows 3 and 4) reads ranks 1's and 2's files, not rank 0's rows past its own.
   const auto upper = ck::merge_shards(path, ck::load_value(path), io, c10::kCPU, {},
-                                     [](std::int64_t n) { return ck::rows_of(n, 1, 2); });
+                                      [](std::int64_t n) { return ck::rows_of(n, 1, 2); });
   CHECK(at::equal(w(upper).toTensor(), whole.narrow(0, 3, 2)));
 
   SECTION("only the files holding the rows asked are read") {
     fs::remove(tmp.path / index.files[0]);  // rank 1's rows 2 and 3
-    const auto last = ck::merge_shards(path, ck::load_value(path), io, c10::kCPU, {},
-                                       [](std::int64_t) { return ck::Rows{4, 1}; });
+    const auto last =
+        ck::merge_shards(path, ck::load_value(path), io, c10::kCPU, {}, [](std::int64_t) {
+          return ck::Rows{4, 1};
+        });
     CHECK(at::equal(w(last).toTensor(), whole.narrow(0, 4, 1)));
     CHECK_THROWS_WITH(ck::merge_shards(path, ck::load_value(path), io, c10::kCPU),
                       Contains("ck.0f.shard-1-of-3.pt") && Contains("which is missing"));

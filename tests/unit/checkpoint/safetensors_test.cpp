@@ -29,8 +29,8 @@ namespace fs = std::filesystem;
 namespace st = loom::safetensors;
 
 struct TempDir {
-  fs::path path = fs::temp_directory_path() /
-                  ("loom_safetensors_" + std::to_string(::getpid()) + "_" + std::to_string(++count()));
+  fs::path path = fs::temp_directory_path() / ("loom_safetensors_" + std::to_string(::getpid()) +
+                                               "_" + std::to_string(++count()));
   TempDir() { fs::create_directories(path); }
   ~TempDir() { fs::remove_all(path); }
   static int& count() {
@@ -68,17 +68,24 @@ TEST_CASE("safetensors: every dtype round-trips bit for bit, mapped and from mem
   torch::manual_seed(1);
   const at::Tensor f = at::randn({3, 5});
   std::vector<std::pair<std::string, at::Tensor>> tensors{
-      {"f64", f.to(at::kDouble)},           {"f32", f},
-      {"f16", f.to(at::kHalf)},             {"bf16", f.to(at::kBFloat16)},
-      {"i64", at::arange(7)},               {"i32", at::arange(7, at::kInt)},
-      {"i16", at::arange(7, at::kShort)},   {"i8", at::arange(-3, 4, at::kChar)},
-      {"u8", at::arange(200, 207, at::kByte)}, {"bool", at::rand({4}) > 0.5},
-      {"e4m3", f.to(at::kFloat8_e4m3fn)},   {"e5m2", f.to(at::kFloat8_e5m2)},
+      {"f64", f.to(at::kDouble)},
+      {"f32", f},
+      {"f16", f.to(at::kHalf)},
+      {"bf16", f.to(at::kBFloat16)},
+      {"i64", at::arange(7)},
+      {"i32", at::arange(7, at::kInt)},
+      {"i16", at::arange(7, at::kShort)},
+      {"i8", at::arange(-3, 4, at::kChar)},
+      {"u8", at::arange(200, 207, at::kByte)},
+      {"bool", at::rand({4}) > 0.5},
+      {"e4m3", f.to(at::kFloat8_e4m3fn)},
+      {"e5m2", f.to(at::kFloat8_e5m2)},
       {"c64", at::randn({2}, at::kComplexFloat)},
       {"u16", at::arange(5, at::kInt).to(at::kUInt16)},
       {"u32", at::arange(5, at::kInt).to(at::kUInt32)},
       {"u64", at::arange(5, at::kInt).to(at::kUInt64)},
-      {"scalar", at::tensor(2.5)},          {"empty", at::empty({0, 4})},
+      {"scalar", at::tensor(2.5)},
+      {"empty", at::empty({0, 4})},
       {"strided", f.t()}};
   const auto path = tmp.path / "all.safetensors";
   st::save(path, tensors, {{"format", "pt"}});
@@ -108,8 +115,8 @@ TEST_CASE("safetensors: a file outside the format is an error naming what is wro
           "[checkpoint][safetensors]") {
   const std::string four(16, 'x');
   auto fails = [](const std::string& bytes, const std::string& why) {
-    CHECK_THROWS_WITH(st::load_bytes(bytes, "F"), Contains("F is not a valid safetensors file") &&
-                                                      Contains(why));
+    CHECK_THROWS_WITH(st::load_bytes(bytes, "F"),
+                      Contains("F is not a valid safetensors file") && Contains(why));
   };
   fails("abc", "shorter than the 8 bytes");
   std::string huge(8, '\0');
@@ -140,16 +147,16 @@ TEST_CASE("safetensors: a file outside the format is an error naming what is wro
   fails(file_of(R"({"a":{"dtype":"F32","shape":[8],"data_offsets":[0,32]}})", four),
         "cover 32 bytes of a data buffer of 16");
   fails(file_of(R"({"__metadata__":{"k":1}})", ""), "__metadata__ value of 'k' is not a string");
-  fails(file_of(R"({"a":{"dtype":"F32","shape":[4]}})", four), "is not {dtype, shape, data_offsets}");
+  fails(file_of(R"({"a":{"dtype":"F32","shape":[4]}})", four),
+        "is not {dtype, shape, data_offsets}");
   fails(file_of(R"({"a":{"dtype":"F32","shape":[4611686018427387904,8],"data_offsets":[0,16]}})",
                 four),
         "more than 2^64");
   // A valid one of an odd offset: copied, not a misaligned view.
-  const auto ok = st::load_bytes(
-      file_of(R"({"b":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
-              R"("a":{"dtype":"F32","shape":[1],"data_offsets":[1,5]}})",
-              std::string("\x01\x00\x00\x80\x3f", 5)),
-      "F");
+  const auto ok = st::load_bytes(file_of(R"({"b":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                                         R"("a":{"dtype":"F32","shape":[1],"data_offsets":[1,5]}})",
+                                         std::string("\x01\x00\x00\x80\x3f", 5)),
+                                 "F");
   CHECK(ok.at("a").item<float>() == 1.0F);
 }
 
@@ -157,12 +164,12 @@ TEST_CASE("safetensors: load_into checks names and shapes; the sharded layout bo
           "[checkpoint][safetensors]") {
   TempDir tmp;
   torch::manual_seed(2);
-  torch::nn::Sequential model(torch::nn::Linear(4, 3), torch::nn::LayerNorm(
-                                                           torch::nn::LayerNormOptions({3})));
+  torch::nn::Sequential model(torch::nn::Linear(4, 3),
+                              torch::nn::LayerNorm(torch::nn::LayerNormOptions({3})));
   const auto path = tmp.path / "model.safetensors";
   st::save(path, st::named_tensors(*model));
-  torch::nn::Sequential other(torch::nn::Linear(4, 3), torch::nn::LayerNorm(
-                                                           torch::nn::LayerNormOptions({3})));
+  torch::nn::Sequential other(torch::nn::Linear(4, 3),
+                              torch::nn::LayerNorm(torch::nn::LayerNormOptions({3})));
   const auto report = st::load_into(*other, path);
   CHECK(report.missing.empty());
   for (const auto& [name, t] : st::named_tensors(*model)) {
@@ -193,16 +200,16 @@ TEST_CASE("safetensors: load_into checks names and shapes; the sharded layout bo
         std::vector<std::string>{"1.bias", "1.weight"});  // in the file's order
 
   // Sharded: at most 40 bytes of tensor data a file: 0.weight (48) alone, then the rest (36).
-  const auto index = st::save_sharded(tmp.path / "sharded", st::named_tensors(*model), 40,
-                                      {{"format", "pt"}});
+  const auto index =
+      st::save_sharded(tmp.path / "sharded", st::named_tensors(*model), 40, {{"format", "pt"}});
   CHECK(index.filename() == "model.safetensors.index.json");
   CHECK(fs::exists(tmp.path / "sharded" / "model-00001-of-00002.safetensors"));
   CHECK(fs::exists(tmp.path / "sharded" / "model-00002-of-00002.safetensors"));
   const auto whole = st::load_sharded(index);
   REQUIRE(whole.tensors.size() == 4);
   for (const auto& [name, t] : st::named_tensors(*model)) CHECK(at::equal(t, whole.at(name)));
-  torch::nn::Sequential third(torch::nn::Linear(4, 3), torch::nn::LayerNorm(
-                                                           torch::nn::LayerNormOptions({3})));
+  torch::nn::Sequential third(torch::nn::Linear(4, 3),
+                              torch::nn::LayerNorm(torch::nn::LayerNormOptions({3})));
   CHECK(st::load_into(*third, index).missing.empty());
   CHECK(at::equal(third[1]->as<torch::nn::LayerNormImpl>()->bias,
                   model[1]->as<torch::nn::LayerNormImpl>()->bias));
