@@ -168,6 +168,23 @@ void stream_copy(char* dst, const char* src, std::size_t n) {
 }
 
 thread_local DeferredChecks* t_current = nullptr;
+thread_local KeepMapped* t_keep = nullptr;
+
+// Whether `dst` may take `src`'s mapped pages as its memory (KeepMapped): nothing else sees
+// dst's memory, it is all of it, and the two hold the same bytes in the same layout.
+bool may_keep_mapped(const at::Tensor& dst, const at::Tensor& src) {
+  if (!src.has_storage() || !is_mapped(src) || !dst.has_storage() || !dst.device().is_cpu() ||
+      !src.device().is_cpu() || dst.layout() != at::kStrided || src.layout() != at::kStrided ||
+      dst.scalar_type() != src.scalar_type() || dst.sizes() != src.sizes() ||
+      !dst.is_contiguous() || !src.is_contiguous() || dst.is_conj() || src.is_conj() ||
+      dst.is_neg() || src.is_neg() || dst.is_quantized()) {
+    return false;
+  }
+  const auto item = static_cast<std::uintptr_t>(src.element_size());
+  return dst.storage().use_count() == 1 && dst.storage_offset() == 0 &&
+         dst.storage().nbytes() == dst.nbytes() &&
+         reinterpret_cast<std::uintptr_t>(src.const_data_ptr()) % item == 0;
+}
 
 // Whether dst.copy_(src) is a plain copy of nbytes contiguous CPU bytes.
 bool plain_copy(const at::Tensor& dst, const at::Tensor& src) {
@@ -194,7 +211,17 @@ void copy_all(const TensorCopies& copies) {
     uint32_t crc;
   };
   std::vector<Piece> pieces;
+  KeepMapped* keep = KeepMapped::current();
   for (const auto& [dst, src] : copies) {
+    if (keep != nullptr && may_keep_mapped(dst, src) &&
+        keep->given_.insert(src.storage().unsafeGetStorageImpl()).second) {
+      // The file's pages become dst's memory; its record's CRC-32 is left to finish().
+      c10::TensorImpl* impl = dst.unsafeGetTensorImpl();
+      impl->set_storage_keep_dtype(src.storage());
+      impl->set_storage_offset(src.storage_offset());
+      impl->bump_version();
+      continue;
+    }
     const std::size_t record =
         checks != nullptr ? checks->whole_record(src) : DeferredChecks::no_record;
     if (record == DeferredChecks::no_record || !plain_copy(dst, src)) {
@@ -228,6 +255,14 @@ void copy_all(const TensorCopies& copies) {
     const auto& r = checks->records_[record];
     if (crc != r.expected) checks->fail(r);
   }
+}
+
+KeepMapped::KeepMapped(bool keep) noexcept : keep_(keep), outer_(t_keep) { t_keep = this; }
+
+KeepMapped::~KeepMapped() { t_keep = outer_; }
+
+KeepMapped* KeepMapped::current() noexcept {
+  return t_keep != nullptr && t_keep->keep_ ? t_keep : nullptr;
 }
 
 bool LoadPlan::may_adopt(const at::Tensor& source) {

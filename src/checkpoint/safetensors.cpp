@@ -30,7 +30,11 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
-using json = nlohmann::ordered_json;
+// Read into nlohmann::json (its objects are std::maps: a header of many names parses in
+// n log n; the order of the tensors is taken from their offsets); the header written in the
+// order safetensors' writer gives it (ordered_json keeps insertion order).
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
 
 /// safetensors' own bound on the header (MAX_HEADER_SIZE in its reader).
 constexpr std::uint64_t max_header = 100'000'000;
@@ -297,9 +301,9 @@ void save(const std::filesystem::path& path,
     const auto ra = rank_of(a.second.scalar_type()), rb = rank_of(b.second.scalar_type());
     return ra != rb ? ra > rb : a.first < b.first;
   });
-  json header = json::object();
+  ordered_json header = ordered_json::object();
   if (!metadata.empty()) {
-    json m = json::object();
+    ordered_json m = ordered_json::object();
     for (const auto& [k, v] : metadata) m[k] = v;
     header["__metadata__"] = m;
   }
@@ -313,26 +317,15 @@ void save(const std::filesystem::path& path,
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-  const auto tmp = dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()));
-  checkpoint::detail::TempFile file(tmp);
-  const std::uint64_t length = text.size();
-  file.write(&length, 8);
-  file.write(text.data(), text.size());
-  for (const auto& [name, t] : order) file.write(t.data_ptr(), t.nbytes());
-  if (file.error() != 0) {
-    throw Error("loom::safetensors: writing " + path.string() +
-                " failed: " + std::strerror(file.error()));
-  }
-  file.close(/*sync=*/true);
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    throw Error("loom::safetensors: cannot rename " + tmp.string() + " to " + path.string() + ": " +
-                ec.message());
-  }
-  file.keep();
-  checkpoint::detail::sync_directory(dir);
+  checkpoint::detail::write_atomically(
+      path, "loom::safetensors",
+      [&](checkpoint::detail::TempFile& file) {
+        const std::uint64_t length = text.size();
+        file.write(&length, 8);
+        file.write(text.data(), text.size());
+        for (const auto& [name, t] : order) file.write(t.data_ptr(), t.nbytes());
+      },
+      /*sync=*/true);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> named_tensors(const torch::nn::Module& module) {
@@ -465,13 +458,11 @@ std::filesystem::path save_sharded(const std::filesystem::path& dir,
   }
   json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
   const auto path = dir / (prefix + ".safetensors.index.json");
-  const auto tmp = dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()));
-  checkpoint::detail::TempFile file(tmp);
   const std::string text = index.dump(2) + "\n";
-  file.write(text.data(), text.size());
-  file.close(/*sync=*/true);
-  std::filesystem::rename(tmp, path);
-  file.keep();
+  checkpoint::detail::write_atomically(
+      path, "loom::safetensors",
+      [&](checkpoint::detail::TempFile& file) { file.write(text.data(), text.size()); },
+      /*sync=*/true);
   return path;
 }
 

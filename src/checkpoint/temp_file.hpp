@@ -1,7 +1,7 @@
 #pragma once
-// A temporary file beside a checkpoint, written, synced and renamed over it (the atomic saves of
-// io.cpp and safetensors.cpp), and the directory's sync after the rename. Internal to loom's
-// library.
+// A temporary file beside a checkpoint, written, synced and renamed over it, and the directory's
+// sync after the rename: write_atomically, the one sequence behind every file loom writes whole
+// (io.cpp's save_value, safetensors.cpp's files and index). Internal to loom's library.
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -115,6 +115,36 @@ inline void sync_directory(const std::filesystem::path& dir) {
   if (fd < 0) return;  // not every filesystem lets a directory be opened; the rename stands
   ::fsync(fd);
   ::close(fd);
+}
+
+/// Writes `path` whole or not at all: `fill(TempFile&)` writes a temporary file beside it
+/// (".NAME.tmp.PID"); a write error it left (a full disk, ...) throws, naming `path`; the file
+/// is synced when `sync`, closed and renamed over `path`, and the directory synced after the
+/// rename. On any error the temporary file is removed and `path` is as it was. `who` starts
+/// the messages ("loom::checkpoint", "loom::safetensors").
+template <class Fill>
+void write_atomically(const std::filesystem::path& path, const std::string& who, Fill&& fill,
+                      bool sync) {
+  const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  std::string name = ".";  // appended piece by piece: GCC 12 -O3 misreads "." + string (-Wrestrict)
+  name += path.filename().string();
+  name += ".tmp.";
+  name += std::to_string(::getpid());
+  const auto tmp = dir / name;
+  TempFile file(tmp);
+  std::forward<Fill>(fill)(file);
+  if (file.error() != 0) {
+    throw Error(who + ": writing " + path.string() + " failed: " + std::strerror(file.error()));
+  }
+  file.close(sync);
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    throw Error(who + ": cannot rename " + tmp.string() + " to " + path.string() + ": " +
+                ec.message());
+  }
+  file.keep();
+  if (sync) sync_directory(dir);
 }
 
 }  // namespace loom::checkpoint::detail

@@ -19,6 +19,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
 
+#include <loom/detail/empty_module.hpp>
 #include <loom/error.hpp>
 #include <loom/nn/empty_init.hpp>
 #include <loom/nn/fsdp_unit.hpp>
@@ -119,19 +120,7 @@ void Fsdp::setup(torch::nn::Module& module, c10::Device device, std::string_view
   }
   // One model on every rank: rank 0's parameters and buffers (FSDP2 leaves that to the
   // seed; a rank that built another model would train another one). Empty ones have none.
-  auto broadcast = [&](const at::Tensor& t) {  // in place, through a copy if strided
-    if (empty) return;
-    at::Tensor whole = t.detach();
-    if (whole.is_contiguous()) {
-      group_.broadcast(whole, 0);
-    } else {
-      at::Tensor c = whole.contiguous();
-      group_.broadcast(c, 0);
-      whole.copy_(c);
-    }
-  };
-  for (const auto& p : params) broadcast(p);
-  for (const auto& b : module.buffers(/*recurse=*/true)) broadcast(b);
+  if (!empty) loom::detail::broadcast_module(group_, module, 0);
 
   // The units: the root, then every FsdpUnit below it; each parameter to the innermost.
   std::unordered_set<const void*> claimed;

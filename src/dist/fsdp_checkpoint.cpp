@@ -20,6 +20,7 @@
 #include <loom/state/entry.hpp>
 
 #include "fsdp_state.hpp"
+#include "sharded_save.hpp"
 
 namespace loom::dist {
 
@@ -98,39 +99,21 @@ std::unordered_map<const void*, FsdpParam*> by_impl(const std::vector<FsdpParam*
 void Fsdp::save_sharded(const std::filesystem::path& path, const State& state,
                         const checkpoint::CheckpointIO& io) {
   auto& s = *state_;
-  const int rank = group_.rank(), world = group_.world_size();
   const state::Dict top = state::save_entries(state);
   const auto found = slots(
       state, top, by_impl(s.order),
       [](const at::Tensor& t, const FsdpParam& f) { return t.sizes().vec() == f.shape(f.local); });
-  std::string tag;
-  try {
-    tag = group_.broadcast_object(rank == 0 ? checkpoint::new_shard_tag() : std::string(), 0);
-  } catch (...) {
-    group_.fail("the sharded save's name", std::current_exception());
-  }
   checkpoint::ShardIndex index;
   index.format = 2;
-  index.world_size = world;
-  for (int r = 1; r < world; ++r) {
-    index.files.push_back(checkpoint::shard_path(path, tag, r, world).filename().string());
-  }
   std::vector<at::Tensor> pieces;
   for (const auto& slot : found) {
     index.slots.push_back(slot.path);
     index.rows.push_back(slot.param->sizes[0]);
     pieces.push_back(slot.dict.at(slot.key).toTensor());
   }
-  // Every rank but 0 writes its pieces beside the main file, then rank 0 writes the main file
-  // (its own pieces in place, and the index) once every other file is there.
-  const auto own = checkpoint::shard_path(path, tag, rank, world);
-  loom::detail::agree_on(group_, std::string(who) + ": writing " + own.filename().string(), [&] {
-    if (rank != 0) io.save(own, checkpoint::pieces_file(index.slots, pieces));
-  });
-  group_.save_on_rank_zero(
-      path, rank == 0 ? checkpoint::with_shard_index(c10::IValue(top), index) : c10::IValue(top),
-      io);
-  if (rank == 0) checkpoint::remove_other_shards(path, tag);
+  const c10::IValue own =
+      group_.rank() == 0 ? c10::IValue() : checkpoint::pieces_file(index.slots, pieces);
+  detail::save_sharded(group_, path, c10::IValue(top), std::move(index), own, who, io);
 }
 
 void Fsdp::save_checkpoint(const std::filesystem::path& path, const State& state,

@@ -69,6 +69,7 @@ struct PendingReduce {
     std::vector<FsdpParam*> members;
     c10::ScalarType dtype = c10::kFloat;
     at::Tensor input, output;
+    bool received = false;  // output holds both ranks' parts (an all-to-all), not their sum
     Work work;
   };
   std::vector<Part> parts;

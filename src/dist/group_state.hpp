@@ -79,6 +79,13 @@ Work all_gather_into(GroupState& s, at::Tensor& output, at::Tensor& input);
 /// `input`'s parts reduced with `op` (Sum, Max, Min; Mean is the caller's division), this
 /// rank's into `output`.
 Work reduce_scatter(GroupState& s, at::Tensor& output, at::Tensor& input, ReduceOp op);
+/// Row r of `input` (world_size rows) to rank r, every rank's row for this one into row r of
+/// `output`, row after row (c10d's alltoall_base with equal splits).
+Work all_to_all(GroupState& s, at::Tensor& output, at::Tensor& input);
+/// Whether the group's backend moves an all-to-all's bytes much faster than the same bytes as
+/// an all-gather or a reduce-scatter: gloo, whose all-gather runs 3-4x and whose reduce-scatter
+/// (an all-reduce, its part kept) 2x slower than its all-to-all of the same bytes on two ranks.
+bool prefers_all_to_all(const GroupState& s);
 /// `t` summed on rank `root`.
 Work reduce(GroupState& s, at::Tensor& t, int root);
 /// Rank `src`'s `t` on every rank.

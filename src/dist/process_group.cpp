@@ -146,8 +146,9 @@ Work all_reduce(GroupState& s, at::Tensor& t, ReduceOp op) {
   return Work(s.group->allreduce(tensors, o));
 }
 
-// c10d's names for the single-tensor all-gather and reduce-scatter changed (2.15:
-// all_gather_single / reduce_scatter_single; the old ones stay as deprecated aliases).
+// c10d's names for the single-tensor all-gather, reduce-scatter and all-to-all changed (2.15:
+// all_gather_single / reduce_scatter_single / all_to_all_single; the old ones stay as
+// deprecated aliases, the only names 2.11 has).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 Work all_gather_into(GroupState& s, at::Tensor& output, at::Tensor& input) {
@@ -162,7 +163,16 @@ Work reduce_scatter(GroupState& s, at::Tensor& output, at::Tensor& input, Reduce
   o.timeout = s.options.timeout;
   return Work(s.group->_reduce_scatter_base(output, input, o));
 }
+
+Work all_to_all(GroupState& s, at::Tensor& output, at::Tensor& input) {
+  c10d::AllToAllOptions o;
+  o.timeout = s.options.timeout;
+  std::vector<int64_t> equal;  // no split sizes: equal parts
+  return Work(s.group->alltoall_base(output, input, equal, equal, o));
+}
 #pragma GCC diagnostic pop
+
+bool prefers_all_to_all(const GroupState& s) { return s.backend == "gloo"; }
 
 Work reduce(GroupState& s, at::Tensor& t, int root) {
   std::vector<at::Tensor> tensors{t};

@@ -20,6 +20,7 @@
 
 #include "../state/optimizer_shards.hpp"
 #include "group_state.hpp"
+#include "sharded_save.hpp"
 #include "zero_state.hpp"
 
 namespace loom::dist {
@@ -60,6 +61,33 @@ std::vector<c10::IValue> gather_on_zero(detail::GroupState& s, int rank, int wor
 
 }  // namespace
 
+void detail::save_sharded(ProcessGroup& group, const std::filesystem::path& path,
+                          const c10::IValue& top, checkpoint::ShardIndex index,
+                          const c10::IValue& own, std::string_view who,
+                          const checkpoint::CheckpointIO& io) {
+  const int rank = group.rank(), world = group.world_size();
+  std::string tag;
+  try {
+    tag = group.broadcast_object(rank == 0 ? checkpoint::new_shard_tag() : std::string(), 0);
+  } catch (...) {
+    group.fail("the sharded save's name", std::current_exception());
+  }
+  index.world_size = world;
+  index.files.clear();
+  for (int r = 1; r < world; ++r) {
+    index.files.push_back(checkpoint::shard_path(path, tag, r, world).filename().string());
+  }
+  // Every rank but 0 writes its pieces beside the main file, then rank 0 writes the main file
+  // (its own pieces in place, and the index) once every other file is there.
+  const auto mine = checkpoint::shard_path(path, tag, rank, world);
+  loom::detail::agree_on(group,
+                         std::string(who) + ": writing the shard " + mine.filename().string(), [&] {
+                           if (rank != 0) io.save(mine, own);
+                         });
+  group.save_on_rank_zero(path, rank == 0 ? checkpoint::with_shard_index(top, index) : top, io);
+  if (rank == 0) checkpoint::remove_other_shards(path, tag);
+}
+
 void Zero::save_checkpoint(const std::filesystem::path& path, const State& state,
                            const checkpoint::CheckpointIO& io) {
   ProcessGroup& group = process_group();
@@ -73,32 +101,14 @@ void Zero::save_checkpoint(const std::filesystem::path& path, const State& state
     return;
   }
   if (options_.checkpoint == ZeroCheckpoint::Sharded) {
-    // Every rank but 0 writes its states beside the main file, then rank 0 writes the main
-    // file (its own states and the index) once every shard is in place.
     auto& z = *state_;
-    std::string tag;
-    try {
-      tag = broadcast_object(rank() == 0 ? checkpoint::new_shard_tag() : std::string(), 0);
-    } catch (...) {
-      fail("the sharded save's name", std::current_exception());
-    }
     checkpoint::ShardIndex index;
-    index.world_size = world_size();
-    for (int r = 1; r < world_size(); ++r) {
-      index.files.push_back(checkpoint::shard_path(path, tag, r, world_size()).filename().string());
-    }
     for (std::size_t i = 0; i < z.params.size(); ++i) {
       index.owners.push_back(z.owners[i]);
       index.numels.push_back(z.params[i].numel());
     }
-    const auto own = checkpoint::shard_path(path, tag, rank(), world_size());
-    loom::detail::agree_on(group, "loom::Zero: writing the shard " + own.filename().string(), [&] {
-      if (rank() != 0) io.save(own, c10::IValue(mine));
-    });
-    group.save_on_rank_zero(
-        path,
-        rank() == 0 ? checkpoint::with_shard_index(c10::IValue(top), index) : c10::IValue(top), io);
-    if (rank() == 0) checkpoint::remove_other_shards(path, tag);
+    detail::save_sharded(group, path, c10::IValue(top), std::move(index), c10::IValue(mine),
+                         "loom::Zero", io);
     return;
   }
   // Consolidated: every rank's states go to rank 0, which merges them by id and writes.

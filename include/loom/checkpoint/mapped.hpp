@@ -3,21 +3,23 @@
 // rt.load does (checkpoint::LoadOptions::map). The storages of the value read are views of the
 // file's pages in the page cache, private and copy-on-write (MAP_PRIVATE), and keep the mapping
 // alive; rt.load copies them into the tensors the model and the optimizer already hold, so a
-// load touches no fresh memory where the state already exists. unmapped() gives any other
-// value its own memory before it is kept.
+// load touches no fresh memory where the state already exists, or, for a module built under
+// loom::EmptyInit (whose memory holds nothing yet), gives its tensors the file's pages
+// (KeepMapped). unmapped() gives any other value its own memory before it is kept.
 //
 // Like torch.load(mmap=True): a mapped tensor reads the file as it is on disk, so a program that
 // truncates or rewrites the file in place while the tensor lives makes its pages unreadable
 // (SIGBUS). loom's own saves never do (they write a new file and rename it over the old one);
-// rt.load keeps no mapped tensor past its return. rt.load also checks the CRC-32 of each large
-// record as it copies it (DeferredChecks), so the file's bytes are read once. Declarations only;
-// src/checkpoint/mapped.cpp.
+// rt.load keeps no mapped tensor past its return but the pages a KeepMapped gave. rt.load also
+// checks the CRC-32 of each large record as it copies it (DeferredChecks), so the file's bytes are
+// read once. Declarations only; src/checkpoint/mapped.cpp.
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -63,7 +65,37 @@ c10::IValue unmapped(const c10::IValue& value);
 /// {destination, source} pairs for copy_all.
 using TensorCopies = std::vector<std::pair<at::Tensor, at::Tensor>>;
 
-/// dst.copy_(src) for every pair, without autograd recording (a load's copies). A source that is
+/// While one lives on this thread, copy_all (a load's copies) gives a destination its mapped
+/// source's pages as its memory instead of copying them into it, where that loses nothing: the
+/// destination is the only tensor on its storage and covers the whole of it, both are CPU,
+/// contiguous, of one dtype and shape, and the source is a view of a mapped file (Python's
+/// torch.load(mmap=True) + load_state_dict(assign=True)). The pages stay private and
+/// copy-on-write: the first write to each copies it and never reaches the file. The file stays
+/// mapped while such a tensor lives (its disk space too, when it is deleted or replaced), and
+/// a program that truncates or rewrites it in place makes those pages unreadable (SIGBUS;
+/// loom's saves write a new file and rename it). What rt.load does for a module built under
+/// loom::EmptyInit, whose memory holds no values yet, when asked (LoadOptions::keep_mapped). Nested
+/// ones: the innermost decides.
+class KeepMapped {
+ public:
+  explicit KeepMapped(bool keep = true) noexcept;
+  ~KeepMapped();
+  KeepMapped(const KeepMapped&) = delete;
+  KeepMapped& operator=(const KeepMapped&) = delete;
+  /// The innermost one on this thread when it keeps, or null.
+  static KeepMapped* current() noexcept;
+
+ private:
+  friend void copy_all(const TensorCopies& copies);
+  bool keep_;
+  KeepMapped* outer_;
+  /// The file storages given so far: each to one destination only (a file that stored two
+  /// tensors on one storage gives the second a copy, so the two stay apart).
+  std::unordered_set<const void*> given_;
+};
+
+/// dst.copy_(src) for every pair, without autograd recording (a load's copies), or, under a
+/// KeepMapped, dst given src's mapped pages where that loses nothing. A source that is
 /// the whole of a record whose CRC-32 a DeferredChecks on this thread has still to check is
 /// checked as it is copied (one pass over its bytes, not two: the copy in 256 KiB pieces over
 /// torch's intra-op threads, each piece's CRC-32 read from the cache); a mismatch is a

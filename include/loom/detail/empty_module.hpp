@@ -55,6 +55,25 @@ bool give_memory(torch::nn::Module& module, c10::Device device, Move&& move) {
   return empty;
 }
 
+/// Every parameter and buffer of `module` set in place to rank `src`'s values through
+/// `group.broadcast(at::Tensor&, src)` (a strided one through a contiguous copy): one model on
+/// every rank (rt.reset_parameters' default, loom::Fsdp's setup).
+template <class Group>
+void broadcast_module(Group& group, torch::nn::Module& module, int src) {
+  auto broadcast = [&](const at::Tensor& t) {
+    at::Tensor held = t.detach();
+    if (held.is_contiguous()) {
+      group.broadcast(held, src);
+    } else {
+      at::Tensor c = held.contiguous();
+      group.broadcast(c, src);
+      held.copy_(c);
+    }
+  };
+  for (const auto& p : module.parameters(/*recurse=*/true)) broadcast(p);
+  for (const auto& b : module.buffers(/*recurse=*/true)) broadcast(b);
+}
+
 /// rt.reset_parameters: the strategy's row, or every module initialized whole (nn::init_each)
 /// and, with several processes, rank 0's parameters and buffers broadcast.
 template <class S>
@@ -65,20 +84,7 @@ void reset_parameters(S& strategy, torch::nn::Module& module, const nn::Initiali
     nn::init_each(
         module, init, [](const at::Tensor& t) { return t.sizes().vec(); },
         [](const at::Tensor& held, const at::Tensor& whole) { held.detach().copy_(whole); });
-    if (strategy.world_size() > 1) {
-      auto broadcast = [&](const at::Tensor& t) {
-        at::Tensor held = t.detach();
-        if (held.is_contiguous()) {
-          strategy.broadcast(held, 0);
-        } else {
-          at::Tensor c = held.contiguous();
-          strategy.broadcast(c, 0);
-          held.copy_(c);
-        }
-      };
-      for (const auto& p : module.parameters(/*recurse=*/true)) broadcast(p);
-      for (const auto& b : module.buffers(/*recurse=*/true)) broadcast(b);
-    }
+    if (strategy.world_size() > 1) broadcast_module(strategy, module, 0);
   }
 }
 

@@ -105,10 +105,13 @@ struct checkpoint_files<State> {
                         const LoadOptions& options) {
     // Mapped: the model's and optimizer's tensors are copied from the file's pages into the
     // memory they already hold (no fresh memory to touch), the large records' CRC-32s checked
-    // as they are copied (each byte read once); nothing mapped outlives the load.
+    // as they are copied (each byte read once); nothing mapped outlives the load but the pages
+    // a module built under EmptyInit keeps when asked (LoadOptions::keep_mapped).
     checkpoint::DeferredChecks checks(
         "; found while loading it: what was loaded may hold part of it (load another "
         "checkpoint)");
+    // (rt.load sets keep_mapped only for a module built under EmptyInit, holding nothing yet)
+    const checkpoint::KeepMapped pages(options.keep_mapped);
     const checkpoint::TorchFile file({}, {.map = true});
     // Reading the file: every loom::Error is the file's (CheckpointUnreadable); then applying
     // it: every loom::Error but a large record's CRC found while copying is the run's

@@ -16,6 +16,18 @@ struct LoadOptions {
   /// world size change is a loom::CheckpointMismatch. Model, optimizer (loom::Zero's
   /// consolidated or sharded) and other entries load at any world size either way.
   bool world_size_may_change = false;
+  /// A module built under loom::EmptyInit (its memory holds no values yet) and loaded on the
+  /// CPU keeps the file's pages as its parameters' and buffers' memory instead of copying them
+  /// (checkpoint::KeepMapped; Python's torch.load(mmap=True) +
+  /// load_state_dict(assign=True)): the load touches no fresh memory and takes a fraction of
+  /// the copy's time, but the first write to each page (the first optimizer step) copies that
+  /// page, which costs more than the copy would have (docs/memory.md): for a model read more
+  /// than written (inference, a frozen backbone). The file stays mapped, its disk space held
+  /// while the run lasts even when it is deleted; a program that rewrites it in place (not
+  /// loom's saves, which rename a new file over it) breaks the run. Under loom::Fsdp (which
+  /// reads each rank's rows into its pieces) and for a module built normally it changes
+  /// nothing: they are copied into.
+  bool keep_mapped = false;
 };
 
 }  // namespace loom

@@ -16,6 +16,8 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/optim/sgd.h>
 
+#include <loom/checkpoint/io.hpp>
+#include <loom/checkpoint/mapped.hpp>
 #include <loom/loom.hpp>
 #include <loom/nn/empty_init.hpp>
 
@@ -84,15 +86,72 @@ TEST_CASE("A module built under EmptyInit has no memory; setup gives it, load it
   CHECK_THROWS_WITH(rt.forward(model, x),
                     Contains("built under loom::EmptyInit and holds no values yet") &&
                         Contains("rt.reset_parameters(model)"));
-  rt.load(file, loom::State{{"model", model}});
-  fs::remove(file);
+  rt.load(file, loom::State{{"model", model}}, loom::LoadOptions{.keep_mapped = true});
   check_equal(*model, *reference);
-  // The optimizer built over the meta tensors steps the real ones.
+  // Its memory held nothing: the parameters and buffers keep the file's pages (copy-on-write).
+  for (const auto& p : model->parameters()) CHECK(loom::checkpoint::is_mapped(p));
+  for (const auto& b : model->buffers()) CHECK(loom::checkpoint::is_mapped(b));
+  // The optimizer built over the meta tensors steps the real ones; the file stays as it was.
   const at::Tensor before = model->parameters()[0].detach().clone();
   opt.zero_grad();
   rt.backward(rt.forward(model, x).square().sum(), model);
   rt.optimizer_step(opt);
   CHECK_FALSE(at::equal(before, model->parameters()[0]));
+  const auto saved = loom::checkpoint::load_value(file).toGenericDict().at("model").toGenericDict();
+  CHECK(at::equal(saved.at("0.weight").toTensor(), reference->parameters()[0]));
+
+  SECTION("by default the load copies into the memory setup gave") {
+    torch::nn::Sequential copied{nullptr};
+    {
+      loom::EmptyInit empty;
+      copied = make_model();
+    }
+    loom::Runtime<loom::Cpu, loom::Fp32> rt2;
+    rt2.setup(copied);
+    rt2.load(file, loom::State{{"model", copied}});
+    check_equal(*copied, *reference);
+    for (const auto& p : copied->parameters()) CHECK_FALSE(loom::checkpoint::is_mapped(p));
+  }
+  SECTION("a module built normally is copied into: its memory is its own") {
+    auto built = make_model();
+    loom::Runtime<loom::Cpu, loom::Fp32> rt2;
+    rt2.setup(built);
+    rt2.load(file, loom::State{{"model", built}}, loom::LoadOptions{.keep_mapped = true});
+    check_equal(*built, *reference);
+    for (const auto& p : built->parameters()) CHECK_FALSE(loom::checkpoint::is_mapped(p));
+  }
+  fs::remove(file);
+}
+
+TEST_CASE("Two tensors a file stores on one storage are kept apart when mapped", "[empty_init]") {
+  // A file where two parameters are views of one storage (saved from a model that tied them):
+  // the module built under EmptyInit keeps them apart, one on the file's pages, one copied.
+  torch::manual_seed(3);
+  auto tied = torch::nn::Linear(4, 4);
+  auto other = torch::nn::Linear(4, 4);
+  other->weight.set_data(tied->weight.data());  // one storage
+  torch::nn::Sequential reference(tied, other);
+  const fs::path file =
+      fs::temp_directory_path() / ("loom_empty_tied_" + std::to_string(::getpid()) + ".pt");
+  auto top = loom::state::new_dict();
+  top.insert("model", loom::state::module_state(*reference));
+  loom::checkpoint::save_value(file, c10::IValue(top));
+  torch::nn::Sequential model{nullptr};
+  {
+    loom::EmptyInit empty;
+    model = torch::nn::Sequential(torch::nn::Linear(4, 4), torch::nn::Linear(4, 4));
+  }
+  loom::Runtime<loom::Cpu, loom::Fp32> rt;
+  rt.setup(model);
+  rt.load(file, loom::State{{"model", model}}, loom::LoadOptions{.keep_mapped = true});
+  fs::remove(file);
+  check_equal(*model, *reference);
+  const auto w0 = model->named_parameters()["0.weight"];
+  const auto w1 = model->named_parameters()["1.weight"];
+  CHECK(loom::checkpoint::is_mapped(w0) != loom::checkpoint::is_mapped(w1));
+  CHECK_FALSE(w0.storage().is_alias_of(w1.storage()));
+  w0.detach().add_(1);
+  CHECK(at::equal(w1, reference->named_parameters()["1.weight"]));
 }
 
 TEST_CASE("reset_parameters gives the values of the seeded build; an unknown module is named",
