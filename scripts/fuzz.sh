@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Fuzzes loom's readers of files others write: the checkpoint reader
-# (tests/fuzz/checkpoint_fuzz.cpp, seeded with real torch.save files: tests/fuzz/make_seeds.py)
-# and the safetensors reader (tests/fuzz/safetensors_fuzz.cpp, seeded with files Python's
-# safetensors wrote: tests/fuzz/make_safetensors_seeds.py), each built with Clang 14, libFuzzer,
-# AddressSanitizer and UndefinedBehaviorSanitizer (targets loom_checkpoint_fuzz and
-# loom_safetensors_fuzz of the Clang build tree, $LOOM_BUILD_DIR-clang) and run for SECONDS
+# (tests/fuzz/checkpoint_fuzz.cpp, seeded with real torch.save files: tests/fuzz/make_seeds.py),
+# the safetensors reader (tests/fuzz/safetensors_fuzz.cpp, seeded with files Python's
+# safetensors wrote: tests/fuzz/make_safetensors_seeds.py) and the DCP metadata reader
+# (tests/fuzz/dcp_fuzz.cpp, seeded with `.metadata` files Python's torch.distributed.checkpoint
+# wrote: tests/fuzz/make_dcp_seeds.py), each built with Clang 14, libFuzzer,
+# AddressSanitizer and UndefinedBehaviorSanitizer (targets loom_checkpoint_fuzz,
+# loom_safetensors_fuzz and loom_dcp_fuzz of the Clang build tree, $LOOM_BUILD_DIR-clang) and
+# run for SECONDS
 # seconds (default 60) on both cores, one after the other. Exits non-zero on a finding (the
 # crashing input is left in $LOOM_BUILD_DIR-fuzz/NAME/) and when a fuzzer's logs report no
 # execution at all (a fuzzer that did not run is no pass).
@@ -21,7 +24,7 @@ if [ ! -f "$dir/CMakeCache.txt" ]; then
 else
   loom_deps
 fi
-cmake --build "$dir" --target loom_checkpoint_fuzz loom_safetensors_fuzz -j "$JOBS" \
+cmake --build "$dir" --target loom_checkpoint_fuzz loom_safetensors_fuzz loom_dcp_fuzz -j "$JOBS" \
   >"$work.build.log" 2>&1 || {
   cat "$work.build.log"
   echo "[loom] fuzz: building the fuzzers failed" >&2
@@ -69,5 +72,6 @@ fuzz() {
 failed=0
 fuzz checkpoint make_seeds.py || failed=1
 fuzz safetensors make_safetensors_seeds.py || failed=1
+fuzz dcp make_dcp_seeds.py || failed=1
 [ "$failed" = 0 ] || exit 1
 echo "[loom] fuzz: ok, no findings (limit $seconds s each): $(IFS=';'; echo "${results[*]}" | sed 's/;/, /g')"

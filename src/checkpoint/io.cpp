@@ -32,6 +32,7 @@
 
 #include <loom/checkpoint/checkpoint_io.hpp>
 #include <loom/checkpoint/crc32.hpp>
+#include <loom/checkpoint/dcp.hpp>
 #include <loom/checkpoint/mapped.hpp>
 #include <loom/checkpoint/pickle.hpp>
 #include <loom/error.hpp>
@@ -305,36 +306,26 @@ decltype(auto) container_errors(const std::string& what, F&& f) {
 }  // namespace detail
 
 void save_value(const std::filesystem::path& path, const c10::IValue& value, SaveOptions options) {
-  const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-  const auto tmp = dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()));
-  detail::TempFile file(tmp);
-  std::unordered_map<std::string, uint32_t> crcs;
-  try {
-    caffe2::serialize::PyTorchStreamWriter writer(
-        [&](const void* data, size_t n) { return file.write(data, n); },
-        /*compute_crc32=*/false);
-    crcs = detail::write_records(writer, value);
-  } catch (const c10::Error& e) {
-    throw Error("loom::checkpoint: writing " + path.string() + " failed" +
-                (file.error() ? std::string(": ") + std::strerror(file.error()) : "") + " (" +
-                detail::first_line(e) + ")");
-  }
-  if (file.error() != 0) {
-    throw Error("loom::checkpoint: writing " + path.string() +
-                " failed: " + std::strerror(file.error()));
-  }
-  detail::put_zip_crcs([&](uint64_t offset, std::size_t n) { return file.read(offset, n); },
-                       [&](uint64_t offset, uint32_t crc) { file.put(offset, crc); }, file.size(),
-                       crcs, path.string());
-  file.close(options.sync);
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    throw Error("loom::checkpoint: cannot rename " + tmp.string() + " to " + path.string() + ": " +
-                ec.message());
-  }
-  file.keep();
-  if (options.sync) detail::sync_directory(dir);
+  detail::write_atomically(
+      path, "loom::checkpoint",
+      [&](detail::TempFile& file) {
+        std::unordered_map<std::string, uint32_t> crcs;
+        try {
+          caffe2::serialize::PyTorchStreamWriter writer(
+              [&](const void* data, size_t n) { return file.write(data, n); },
+              /*compute_crc32=*/false);
+          crcs = detail::write_records(writer, value);
+        } catch (const c10::Error& e) {
+          throw Error("loom::checkpoint: writing " + path.string() + " failed" +
+                      (file.error() ? std::string(": ") + std::strerror(file.error()) : "") + " (" +
+                      detail::first_line(e) + ")");
+        }
+        if (file.error() != 0) return;  // write_atomically names it; nothing to read back
+        detail::put_zip_crcs([&](uint64_t offset, std::size_t n) { return file.read(offset, n); },
+                             [&](uint64_t offset, uint32_t crc) { file.put(offset, crc); },
+                             file.size(), crcs, path.string());
+      },
+      options.sync);
 }
 
 std::string save_bytes(const c10::IValue& value) {
@@ -420,6 +411,7 @@ void TorchFile::save(const std::filesystem::path& path, const c10::IValue& value
 }
 
 c10::IValue TorchFile::load(const std::filesystem::path& path, c10::Device map_location) const {
+  if (dcp::is_checkpoint(path)) return dcp::load(path, map_location);  // Python's DCP directory
   return load_value(path, map_location, load_options_);
 }
 

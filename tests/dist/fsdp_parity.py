@@ -87,7 +87,7 @@ def load(d, checkpoint=False):
     return model, x, y
 
 
-def python_side(d, accumulate, clip, policy, checkpoint):
+def python_side(d, accumulate, clip, policy, checkpoint, dcp_at=0):
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -114,6 +114,11 @@ def python_side(d, accumulate, clip, policy, checkpoint):
         if clip > 0:
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
         opt.step()
+        if step + 1 == dcp_at:  # Python's sharded save: torch.distributed.checkpoint
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_state_dict
+            msd, osd = get_state_dict(model, opt)
+            dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(d / "dcp_python"))
     flat = torch.cat([p.full_tensor().detach().reshape(-1) for p in model.parameters()])
     flat.numpy().astype("<f4").tofile(d / f"python_rank{rank}.bin")
     if clip > 0:
@@ -242,6 +247,45 @@ def checkpoints(worker, d, py):
     if not bitwise(py, ranks(d, "fsdp_c")):
         raise SystemExit("fsdp_parity: resumed from Ddp's file, Fsdp differs from Python's")
     print("fsdp checkpoint: Fsdp resumed from the file Ddp wrote: bitwise equal to Python's")
+
+
+def dcp_checkpoints(worker, d, py):
+    """Python's torch.distributed.checkpoint directory (dcp.save of get_state_dict(model, opt)
+    after 10 steps of FSDP2 on 2 ranks: each rank's rows of every tensor, the optimizer state
+    keyed by parameter names) read by rt.load: Fsdp on 2 ranks resumes it bitwise equal to
+    Python's own 20 steps; Fsdp on 4 and 1 ranks, Ddp on 2 and one process resume it exactly
+    as they resume loom's consolidated file of the same step (checkpoints() wrote it)."""
+    common = [f"dir={d}", f"samples={SAMPLES}", f"steps={STEPS}"]
+    half = STEPS // 2
+    dcp_dir = d / "dcp_python"
+    files = sorted(p.name for p in dcp_dir.iterdir())
+    if files != [".metadata", "__0_0.distcp", "__1_0.distcp"]:
+        raise SystemExit(f"fsdp_parity: Python's DCP directory holds {files}")
+    torchrun(["--no-python", worker, *common, f"load={dcp_dir}", f"start={half}",
+              "tag=dcp_fsdp2"], WORLD, "loom fsdp resuming Python's DCP save", test="fsdp_parity")
+    if not bitwise(py, ranks(d, "dcp_fsdp2")):
+        raise SystemExit("fsdp_parity: resumed from Python's DCP save, Fsdp differs from "
+                         "Python's own 20 steps")
+    print(f"fsdp dcp: Python's dcp.save at step {half} ({', '.join(files)}) resumed by loom "
+          "Fsdp on 2 ranks: bitwise equal to Python's 20 steps")
+    ckpt = d / "ckpt_fsdp_a.pt"  # loom's consolidated file of the same step
+    for tag, nproc, strategy in (("fsdp4", 4, "fsdp"), ("fsdp1", 1, "fsdp"),
+                                 ("ddp2", 2, "ddp"), ("single", 0, "single")):
+        launcher = ["--no-python"] if nproc else []
+        runs = []
+        for source, path in (("dcp", dcp_dir), ("file", ckpt)):
+            torchrun([*launcher, worker, *common, f"strategy={strategy}", f"load={path}",
+                      f"start={half}", f"tag=dcp_{tag}_{source}"], nproc,
+                     f"loom {strategy} on {max(nproc, 1)} resuming the {source}",
+                     test="fsdp_parity")
+            runs.append(launch.ranks(d, f"dcp_{tag}_{source}", max(nproc, 1)))
+        same = bitwise(runs[0], runs[1])
+        print(f"fsdp dcp: resumed by loom {strategy} on {max(nproc, 1)} rank(s): "
+              f"{'bitwise equal' if same else 'NOT bitwise equal'} to resuming loom's "
+              "consolidated file of the same step")
+        if not same:
+            raise SystemExit(f"fsdp_parity: {strategy} on {max(nproc, 1)} resumed Python's "
+                             "DCP save differently from loom's file")
 
 
 def sharded_checkpoints(worker, d, py):
@@ -428,8 +472,10 @@ def driver(worker, d):
     for what, k, clip, policy, ckpt, extra in RUNS:
         for f in [f for ext in ("bin", "norms") for f in d.glob(f"*_rank*.{ext}")]:
             f.unlink()
+        dcp_at = ["--dcp-at", str(STEPS // 2)] if what == "32-true" else []
         torchrun([__file__, "--role", "python", "--dir", str(d), "--accumulate", str(k),
-                  "--clip", str(clip), "--policy", policy, "--checkpoint", str(ckpt)], WORLD,
+                  "--clip", str(clip), "--policy", policy, "--checkpoint", str(ckpt), *dcp_at],
+                 WORLD,
                  f"Python FSDP2 ({what})", attempts=3, test="fsdp_parity")
         py = ranks(d, "python")
         if not bitwise(py[:1], py[1:]):
@@ -474,6 +520,7 @@ def driver(worker, d):
             if not bitwise(lm[:1], lm[1:]):
                 raise SystemExit(f"fsdp_parity: loom {tag}'s ranks differ ({what})")
     checkpoints(worker, d, py_true)
+    dcp_checkpoints(worker, d, py_true)
     sharded_checkpoints(worker, d, py_true)
     empty_init(worker, d, py_true)
     print("dist fsdp: ok")
@@ -489,12 +536,13 @@ def main():
     ap.add_argument("--policy", default="")
     ap.add_argument("--checkpoint", type=int, default=0)
     ap.add_argument("--cuda", action="store_true")
+    ap.add_argument("--dcp-at", type=int, default=0)
     a = ap.parse_args()
     d = Path(a.dir)
     if a.cuda:
         cuda_smoke(a.worker, d)
     elif a.role == "python":
-        python_side(d, a.accumulate, a.clip, a.policy, a.checkpoint)
+        python_side(d, a.accumulate, a.clip, a.policy, a.checkpoint, a.dcp_at)
     else:
         driver(a.worker, d)
 
