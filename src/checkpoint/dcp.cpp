@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 
@@ -31,11 +32,11 @@ struct Py {
   bool b = false;
   int64_t i = 0;
   double f = 0;
-  std::string s;                              // Str: the text; Global, Object: the class
-  std::vector<Py*> items;                     // Tuple, List
-  std::vector<std::pair<Py*, Py*>> dict;      // Dict, in insertion order
-  Py* state = nullptr;                        // Object: what BUILD gave it
-  c10::ScalarType dtype = c10::kFloat;        // Dtype
+  std::string s;                          // Str: the text; Global, Object: the class
+  std::vector<Py*> items;                 // Tuple, List
+  std::vector<std::pair<Py*, Py*>> dict;  // Dict, in insertion order
+  Py* state = nullptr;                    // Object: what BUILD gave it
+  c10::ScalarType dtype = c10::kFloat;    // Dtype
 };
 
 constexpr const char* kMeta = "torch.distributed.checkpoint.metadata.";
@@ -43,10 +44,10 @@ constexpr std::size_t max_values = 1 << 22;  // far above any real metadata; bou
 constexpr std::size_t max_stack = 1 << 16;
 
 bool is_class(const std::string& name) {
-  static const char* const classes[] = {"Metadata",          "TensorStorageMetadata",
-                                        "BytesStorageMetadata", "TensorProperties",
-                                        "ChunkStorageMetadata", "MetadataIndex",
-                                        "StorageMeta"};
+  static const char* const classes[] = {
+      "Metadata",         "TensorStorageMetadata", "BytesStorageMetadata",
+      "TensorProperties", "ChunkStorageMetadata",  "MetadataIndex",
+      "StorageMeta"};
   if (name.rfind(kMeta, 0) == 0) {
     const std::string short_name = name.substr(std::strlen(kMeta));
     for (const char* c : classes) {
@@ -554,9 +555,9 @@ class Interpreter {
     return m;
   }
 
-  TensorEntry tensor(const Py* v, const std::string& key,
-                     const std::map<std::pair<std::string, std::vector<int64_t>>, StorageInfo>&
-                         chunk_at) const {
+  TensorEntry tensor(
+      const Py* v, const std::string& key,
+      const std::map<std::pair<std::string, std::vector<int64_t>>, StorageInfo>& chunk_at) const {
     const char* cls = "TensorStorageMetadata";
     TensorEntry t;
     const Py* props = need(v, cls, "properties");
@@ -628,8 +629,8 @@ class Interpreter {
         for (std::size_t d = 0; d < t.size.size() && overlap; ++d) {
           const auto& x = t.chunks[a];
           const auto& y = t.chunks[b];
-          overlap = x.offsets[d] < y.offsets[d] + y.sizes[d] &&
-                    y.offsets[d] < x.offsets[d] + x.sizes[d];
+          overlap =
+              x.offsets[d] < y.offsets[d] + y.sizes[d] && y.offsets[d] < x.offsets[d] + x.sizes[d];
         }
         if (overlap && numel > 0) fail("two chunks of '" + key + "' overlap");
       }
@@ -652,7 +653,8 @@ std::string read_item(const std::filesystem::path& dir, const StorageInfo& where
                       const std::string& key) {
   const auto path = dir / where.file;
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("loom::checkpoint: " + path.string() + " (holding '" + key + "') is missing");
+  if (!in)
+    throw Error("loom::checkpoint: " + path.string() + " (holding '" + key + "') is missing");
   in.seekg(0, std::ios::end);
   const auto size = static_cast<uint64_t>(in.tellg());
   if (where.offset > size || where.length > size - where.offset) {
@@ -802,6 +804,35 @@ Metadata read_metadata(const std::filesystem::path& dir) {
 
 c10::IValue load(const std::filesystem::path& dir, c10::Device device) {
   const Metadata m = read_metadata(dir);
+  // Every chunk's item holds at least the chunk's bytes and lies inside its file: checked
+  // before any tensor is allocated, so a metadata that claims more than the files hold is an
+  // error naming the key, not an allocation of what it claims.
+  std::map<std::string, std::optional<uint64_t>> sizes;  // none: the file is missing
+  for (const auto& [key, t] : m.tensors) {
+    for (const auto& chunk : t.chunks) {
+      const auto path = dir / chunk.where.file;
+      auto it = sizes.find(chunk.where.file);
+      if (it == sizes.end()) {
+        std::error_code ec;
+        const auto n = std::filesystem::file_size(path, ec);
+        it = sizes.emplace(chunk.where.file, ec ? std::nullopt : std::optional<uint64_t>(n)).first;
+      }
+      if (!it->second) {
+        throw Error("loom::checkpoint: " + path.string() + " (holding '" + key + "') is missing");
+      }
+      uint64_t bytes = static_cast<uint64_t>(c10::elementSize(t.dtype));
+      for (const auto d : chunk.sizes) bytes *= static_cast<uint64_t>(d);
+      const uint64_t size = *it->second;
+      if (chunk.where.length < bytes || chunk.where.offset > size ||
+          chunk.where.length > size - chunk.where.offset) {
+        throw Error("loom::checkpoint: a chunk of '" + key + "' (" + std::to_string(bytes) +
+                    " bytes) is said to lie at bytes " + std::to_string(chunk.where.offset) + "-" +
+                    std::to_string(chunk.where.offset + chunk.where.length) + " of " +
+                    path.string() + ", which has " + std::to_string(size) +
+                    " (truncated, or not this checkpoint's)");
+      }
+    }
+  }
   c10::IValue root(c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
   auto put = [&](const std::string& key, c10::IValue value) {
     const auto it = m.paths.find(key);
@@ -815,8 +846,8 @@ c10::IValue load(const std::filesystem::path& dir, c10::Device device) {
       if (!v.isTensor() || v.toTensor().scalar_type() != t.dtype ||
           v.toTensor().sizes().vec() != chunk.sizes) {
         throw Error("loom::checkpoint: the item of '" + key + "' in " +
-                    (dir / chunk.where.file).string() + " is not the " +
-                    c10::toString(t.dtype) + " chunk of the size its metadata gives");
+                    (dir / chunk.where.file).string() + " is not the " + c10::toString(t.dtype) +
+                    " chunk of the size its metadata gives");
       }
       at::Tensor region = whole;
       for (std::size_t d = 0; d < chunk.offsets.size(); ++d) {

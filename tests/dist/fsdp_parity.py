@@ -87,7 +87,8 @@ def load(d, checkpoint=False):
     return model, x, y
 
 
-def python_side(d, accumulate, clip, policy, checkpoint, dcp_at=0):
+def python_side(d, accumulate, clip, policy, checkpoint, dcp_at=0, load_from="", start=0,
+                tag="python"):
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -101,9 +102,19 @@ def python_side(d, accumulate, clip, policy, checkpoint, dcp_at=0):
         fully_shard(block, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, fused=True)
+    if load_from:  # a file loom wrote: its whole tensors, the optimizer keyed by ids
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        ckpt = torch.load(load_from, weights_only=True)
+        names = [name for name, _ in model.named_parameters()]
+        osd = ckpt["optimizer"]
+        osd = {"state": {names[i]: v for i, v in osd["state"].items()},
+               "param_groups": [{**g, "params": [names[i] for i in g["params"]]}
+                                for g in osd["param_groups"]]}
+        set_state_dict(model, opt, model_state_dict=ckpt["model"], optim_state_dict=osd,
+                       options=StateDictOptions(full_state_dict=True))
     per = GLOBAL // world
     norms = []
-    for step in range(STEPS):
+    for step in range(start, STEPS):
         opt.zero_grad()
         rows = slice(step * GLOBAL + rank * per, step * GLOBAL + (rank + 1) * per)
         xs, ys = x[rows].tensor_split(accumulate), y[rows].tensor_split(accumulate)
@@ -120,7 +131,7 @@ def python_side(d, accumulate, clip, policy, checkpoint, dcp_at=0):
             msd, osd = get_state_dict(model, opt)
             dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(d / "dcp_python"))
     flat = torch.cat([p.full_tensor().detach().reshape(-1) for p in model.parameters()])
-    flat.numpy().astype("<f4").tofile(d / f"python_rank{rank}.bin")
+    flat.numpy().astype("<f4").tofile(d / f"{tag}_rank{rank}.bin")
     if clip > 0:
         (d / f"python_rank{rank}.norms").write_text("".join(f"{n!r}\n" for n in norms))
     dist.barrier()
@@ -198,9 +209,10 @@ def same_file(a, b):
 
 def checkpoints(worker, d, py):
     """rt.save under Fsdp writes one consolidated file (the whole tensors, Python's layout):
-    resumed on 2 ranks it continues bitwise; Python's torch.load reads it; Fsdp on 1 and 4
-    ranks, Ddp and one process load it and save the same file again; Fsdp resumes from the
-    file Ddp wrote."""
+    resumed on 2 ranks it continues bitwise; Python's torch.load reads it, and Python's FSDP2
+    resumes it (set_state_dict) bitwise equal to its own run; Fsdp on 1 and 4 ranks, Ddp and
+    one process load it and save the same file again; Fsdp resumes from the file Ddp
+    wrote."""
     common = [f"dir={d}", f"samples={SAMPLES}", f"steps={STEPS}"]
     half = STEPS // 2
     torchrun(["--no-python", worker, *common, f"save_at={half}", "tag=fsdp_a"], WORLD,
@@ -229,6 +241,16 @@ def checkpoints(worker, d, py):
                          f"step {half}")
     print(f"fsdp checkpoint: torch.load reads {len(file['model'])} whole tensors and "
           f"{len(state)} optimizer states (step {half})")
+    # The reverse: Python's FSDP2 takes loom's file (set_state_dict of the whole tensors, the
+    # optimizer's ids named) and continues.
+    torchrun([__file__, "--role", "python", "--dir", str(d), "--load-from", str(ckpt),
+              "--from-step", str(half), "--tag", "python_from_loom"], WORLD,
+             "Python FSDP2 resuming loom's file", attempts=3, test="fsdp_parity")
+    if not bitwise(py, ranks(d, "python_from_loom")):
+        raise SystemExit("fsdp_parity: Python's FSDP2 resumed loom's file and differs from its "
+                         "own 20 steps")
+    print(f"fsdp checkpoint: Python's FSDP2 resumed loom's file of step {half} "
+          "(set_state_dict, full state dict): bitwise equal to its own 20 steps")
     for tag, nproc, strategy in (("fsdp1", 1, "fsdp"), ("fsdp4", 4, "fsdp"),
                                  ("ddp2", 2, "ddp"), ("single", 0, "single")):
         again = d / f"ckpt_{tag}.pt"
@@ -537,12 +559,16 @@ def main():
     ap.add_argument("--checkpoint", type=int, default=0)
     ap.add_argument("--cuda", action="store_true")
     ap.add_argument("--dcp-at", type=int, default=0)
+    ap.add_argument("--load-from", default="")
+    ap.add_argument("--from-step", type=int, default=0)
+    ap.add_argument("--tag", default="python")
     a = ap.parse_args()
     d = Path(a.dir)
     if a.cuda:
         cuda_smoke(a.worker, d)
     elif a.role == "python":
-        python_side(d, a.accumulate, a.clip, a.policy, a.checkpoint, a.dcp_at)
+        python_side(d, a.accumulate, a.clip, a.policy, a.checkpoint, a.dcp_at, a.load_from,
+                    a.from_step, a.tag)
     else:
         driver(a.worker, d)
 
