@@ -4,7 +4,8 @@
 //
 //   loom_bench_safetensors [--mib 1024] [--tensors 16] [--rounds 3] [--dir DIR]
 //
-// The tensors: --tensors f32 tensors of --mib MiB in all (`layer_K_weight`). Timed, the best of --rounds, one after the other in one process:
+// The tensors: --tensors f32 tensors of --mib MiB in all (`layer_K_weight`). Timed, the best of
+// --rounds, one after the other in one process:
 //   save       loom::safetensors::save (header, data, fsync, rename, directory fsync)
 //   dd         dd if=/dev/zero of=FILE bs=1M count=MIB conv=fsync (a shell's process: its
 //              start-up, some milliseconds, is in it)
@@ -90,8 +91,8 @@ int main(int argc, char** argv) {
     auto t0 = Clock::now();
     loom::safetensors::save(file, tensors);
     save = std::min(save, seconds_since(t0));
-    dd = std::min(dd, run_shell("dd if=/dev/zero of=" + raw.string() + " bs=1M count=" +
-                                std::to_string(mib) + " conv=fsync status=none"));
+    dd = std::min(dd, run_shell("dd if=/dev/zero of=" + raw.string() +
+                                " bs=1M count=" + std::to_string(mib) + " conv=fsync status=none"));
     cat = std::min(cat, run_shell("cat " + file.string() + " > /dev/null"));
     t0 = Clock::now();
     { const auto loaded = loom::safetensors::load(file); }
@@ -123,9 +124,10 @@ int main(int argc, char** argv) {
   line("load+read", read);
   line("load_into", into);
   line("cat", cat);
-  std::printf("save / dd speed: %.2fx (target >= 0.7x); load+read / warm cat speed: %.2fx; "
-              "load_into / warm cat speed: %.2fx (target >= 0.7x)\n",
-              dd / save, cat / read, cat / into);
+  std::printf(
+      "save / dd speed: %.2fx (target >= 0.7x); load+read / warm cat speed: %.2fx; "
+      "load_into / warm cat speed: %.2fx (target >= 0.7x)\n",
+      dd / save, cat / read, cat / into);
   std::filesystem::remove(file);
   std::filesystem::remove(raw);
   return 0;

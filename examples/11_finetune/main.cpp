@@ -20,7 +20,6 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <ATen/ATen.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
@@ -28,6 +27,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/normalization.h>
+#include <CLI/CLI.hpp>
 
 #include <loom/checkpoint/safetensors.hpp>
 #include <loom/loom.hpp>
@@ -62,9 +62,9 @@ struct AttentionImpl : torch::nn::Module {
     auto heads_of = [&](const at::Tensor& u) {
       return u.view({b, t, heads, c / heads}).transpose(1, 2);  // (B, H, T, D)
     };
-    const at::Tensor y = at::scaled_dot_product_attention(
-        heads_of(qkv[0]), heads_of(qkv[1]), heads_of(qkv[2]), /*attn_mask=*/{},
-        /*dropout_p=*/0.0, /*is_causal=*/true);
+    const at::Tensor y = at::scaled_dot_product_attention(heads_of(qkv[0]), heads_of(qkv[1]),
+                                                          heads_of(qkv[2]), /*attn_mask=*/{},
+                                                          /*dropout_p=*/0.0, /*is_causal=*/true);
     return c_proj(y.transpose(1, 2).reshape({b, t, c}));
   }
   int64_t heads;
@@ -120,8 +120,7 @@ TORCH_MODULE(Transformer);
 /// own, as the safetensors file has none).
 struct GptImpl : torch::nn::Module {
   GptImpl(int64_t vocab, int64_t context, int64_t width, int64_t layers, int64_t heads) {
-    transformer =
-        register_module("transformer", Transformer(vocab, context, width, layers, heads));
+    transformer = register_module("transformer", Transformer(vocab, context, width, layers, heads));
   }
   at::Tensor forward(const at::Tensor& ids) {  // (B, T) -> logits (B, T, V)
     const at::Tensor positions = at::arange(ids.size(1), ids.options());
@@ -164,7 +163,7 @@ int run(const Options& o) {
   const at::Tensor train = bytes.narrow(0, 0, cut), val = bytes.narrow(0, cut, bytes.size(0) - cut);
 
   Gpt model(256, o.context, o.width, o.layers, o.heads);  // byte-level: 256 tokens
-  loom::safetensors::load_into(*model, o.pretrained);  // strict: every name and shape checked
+  loom::safetensors::load_into(*model, o.pretrained);     // strict: every name and shape checked
   int64_t params = 0;
   for (const auto& p : model->parameters()) params += p.numel();
   std::printf("loaded %zu tensors (%lld parameters) from %s\n",
@@ -186,8 +185,7 @@ int run(const Options& o) {
     rt.clip_gradients(opt, /*max_norm=*/1.0);
     rt.optimizer_step(opt);
     if ((step + 1) % 50 == 0) {
-      std::printf("step %lld: loss %.4f\n", static_cast<long long>(step + 1),
-                  loss.item<double>());
+      std::printf("step %lld: loss %.4f\n", static_cast<long long>(step + 1), loss.item<double>());
     }
   }
   const double after = validation_loss(model, val, o.context);
@@ -203,8 +201,7 @@ int run(const Options& o) {
 int main(int argc, char** argv) {
   Options o;
   CLI::App app{"Fine-tunes a GPT-2-style model from its safetensors weights"};
-  app.add_option("--pretrained", o.pretrained, "the pretrained weights (.safetensors)")
-      ->required();
+  app.add_option("--pretrained", o.pretrained, "the pretrained weights (.safetensors)")->required();
   app.add_option("--out", o.out, "where the fine-tuned weights go (.safetensors)")->required();
   app.add_option("--text", o.text, "text files, or directories of them");
   app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::Range(1, 1000000));

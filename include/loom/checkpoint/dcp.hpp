@@ -1,9 +1,10 @@
 #pragma once
 // Reading torch.distributed.checkpoint (DCP) directories: what Python's dcp.save writes with
-// its default FileSystemWriter (torch 2.11 and 2.15): a `.metadata` file (a pickle of DCP's
-// dataclasses: every tensor's dtype, size and chunks, where each chunk and each other object
-// lies) and `__R_N.distcp` files of items, each item the bytes of one torch.save file (a
-// chunk of a tensor, or a Python object such as a learning rate) at an offset.
+// its default FileSystemWriter (DCP's metadata version 1.0.0; tested with torch 2.15): a
+// `.metadata` file (a pickle of DCP's dataclasses: every tensor's dtype, size and chunks,
+// where each chunk and each other object lies) and `__R_N.distcp` files of items, each item
+// the bytes of one torch.save file (a chunk of a tensor, or a Python object such as a learning
+// rate) at an offset.
 //
 // The `.metadata` pickle is read by a restricted unpickler of its own: the only globals it
 // accepts are DCP's metadata classes (Metadata, TensorStorageMetadata, BytesStorageMetadata,
