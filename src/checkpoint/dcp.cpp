@@ -671,8 +671,10 @@ std::string read_item(const std::filesystem::path& dir, const StorageInfo& where
 
 /// `value` read as the torch.save file it should be; an error names `key`.
 c10::IValue read_value(const std::filesystem::path& dir, const StorageInfo& where,
-                       const std::string& key) {
+                       const std::string& key, ReadCount& count) {
   const std::string bytes = read_item(dir, where, key);  // its errors name the key and file
+  ++count.items;
+  count.bytes += static_cast<int64_t>(bytes.size());
   try {
     return checkpoint::load_bytes(bytes);
   } catch (const Error& e) {
@@ -803,6 +805,12 @@ Metadata read_metadata(const std::filesystem::path& dir) {
 }
 
 c10::IValue load(const std::filesystem::path& dir, c10::Device device) {
+  return load(dir, device, nullptr);
+}
+
+c10::IValue load(const std::filesystem::path& dir, c10::Device device, const RowsOf& rows_of,
+                 ReadCount* count) {
+  ReadCount read;
   const Metadata m = read_metadata(dir);
   // Every chunk's item holds at least the chunk's bytes and lies inside its file: checked
   // before any tensor is allocated, so a metadata that claims more than the files hold is an
@@ -840,28 +848,56 @@ c10::IValue load(const std::filesystem::path& dir, c10::Device device) {
     place(root, it != m.paths.end() ? it->second : own, 0, std::move(value), key);
   };
   for (const auto& [key, t] : m.tensors) {
-    at::Tensor whole = at::empty(t.size, at::TensorOptions().dtype(t.dtype));
+    // The rows wanted, [first, last) of dim 0: all of them unless rows_of asks for fewer.
+    int64_t first = 0, last = t.size.empty() ? 1 : t.size[0];
+    if (rows_of && !t.size.empty()) {
+      const auto it = m.paths.find(key);
+      const std::vector<PathStep> own{key};
+      if (const auto rows = rows_of(it != m.paths.end() ? it->second : own, t.size)) {
+        if (rows->first < 0 || rows->second < 0 || rows->first > t.size[0] - rows->second) {
+          throw Error("loom::checkpoint: rows " + std::to_string(rows->first) + "+" +
+                      std::to_string(rows->second) + " asked of '" + key + "', which has " +
+                      std::to_string(t.size[0]));
+        }
+        first = rows->first;
+        last = rows->first + rows->second;
+      }
+    }
+    std::vector<int64_t> shape = t.size;
+    if (!shape.empty()) shape[0] = last - first;
+    at::Tensor out = at::empty(shape, at::TensorOptions().dtype(t.dtype));
     for (const auto& chunk : t.chunks) {
-      const c10::IValue v = read_value(dir, chunk.where, key);
+      // The chunk's rows that are wanted; a chunk holding none of them is not read.
+      const bool rows = !chunk.offsets.empty();
+      const int64_t from = rows ? std::max(first, chunk.offsets[0]) : 0;
+      const int64_t to = rows ? std::min(last, chunk.offsets[0] + chunk.sizes[0]) : 0;
+      if (rows && from >= to && !(first == 0 && last == t.size[0])) continue;
+      const c10::IValue v = read_value(dir, chunk.where, key, read);
       if (!v.isTensor() || v.toTensor().scalar_type() != t.dtype ||
           v.toTensor().sizes().vec() != chunk.sizes) {
         throw Error("loom::checkpoint: the item of '" + key + "' in " +
                     (dir / chunk.where.file).string() + " is not the " + c10::toString(t.dtype) +
                     " chunk of the size its metadata gives");
       }
-      at::Tensor region = whole;
-      for (std::size_t d = 0; d < chunk.offsets.size(); ++d) {
+      at::Tensor region = out;
+      at::Tensor piece = v.toTensor();
+      if (rows) {
+        region = region.narrow(0, from - first, std::max<int64_t>(to - from, 0));
+        piece = piece.narrow(0, from - chunk.offsets[0], std::max<int64_t>(to - from, 0));
+      }
+      for (std::size_t d = 1; d < chunk.offsets.size(); ++d) {
         region = region.narrow(static_cast<int64_t>(d), chunk.offsets[d], chunk.sizes[d]);
       }
-      region.copy_(v.toTensor());
+      region.copy_(piece);
     }
-    put(key, device.is_cpu() ? whole : whole.to(device));
+    put(key, device.is_cpu() ? out : out.to(device));
   }
-  for (const auto& [key, where] : m.objects) put(key, read_value(dir, where, key));
+  for (const auto& [key, where] : m.objects) put(key, read_value(dir, where, key, read));
   for (auto& e : root.toGenericDict()) {
     c10::IValue v = e.value();
     ids_for_names(v);
   }
+  if (count != nullptr) *count = read;
   return root;
 }
 

@@ -7,6 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -14,6 +17,7 @@
 
 #include <ATen/ATen.h>
 
+#include <loom/checkpoint/dcp.hpp>
 #include <loom/checkpoint/mapped.hpp>
 #include <loom/checkpoint/shards.hpp>
 #include <loom/detail/agree_on_failure.hpp>
@@ -88,6 +92,47 @@ std::vector<Slot> slots(const State& state, const state::Dict& top,
   return out;
 }
 
+/// Which rows of a DCP directory's tensor this rank reads (checkpoint::dcp::RowsOf): a module
+/// entry's sharded parameter, or an optimizer entry's state of such a parameter's whole shape
+/// (keyed by the parameter's name, as get_state_dict keys it), gives this rank's rows; any
+/// other tensor is read whole.
+checkpoint::dcp::RowsOf dcp_rows(const State& state,
+                                 const std::unordered_map<const void*, FsdpParam*>& impls,
+                                 int64_t rank, int64_t world) {
+  std::map<std::string, std::map<std::string, FsdpParam*>> modules;  // entry -> name -> param
+  std::map<std::string, FsdpParam*> names;                           // over every module entry
+  std::set<std::string> optimizers;
+  for (const StateEntry& e : state) {
+    if (e.module() != nullptr) {
+      for (const auto& item : e.module()->named_parameters(/*recurse=*/true)) {
+        const auto it = impls.find(item.value().unsafeGetTensorImpl());
+        if (it == impls.end()) continue;
+        modules[std::string(e.name())][item.key()] = it->second;
+        names.emplace(item.key(), it->second);
+      }
+    } else if (e.optimizer() != nullptr) {
+      optimizers.insert(std::string(e.name()));
+    }
+  }
+  return [modules, names, optimizers, rank, world](
+             const std::vector<checkpoint::dcp::PathStep>& path,
+             const std::vector<int64_t>& size) -> std::optional<std::pair<int64_t, int64_t>> {
+    auto name = [&](std::size_t i) { return std::get_if<std::string>(&path[i]); };
+    const FsdpParam* f = nullptr;
+    if (path.size() == 2 && name(0) && name(1)) {
+      if (const auto m = modules.find(*name(0)); m != modules.end()) {
+        if (const auto p = m->second.find(*name(1)); p != m->second.end()) f = p->second;
+      }
+    } else if (path.size() == 4 && name(0) && optimizers.count(*name(0)) && name(1) &&
+               *name(1) == "state" && name(2) && name(3) && *name(3) != "step") {
+      if (const auto p = names.find(*name(2)); p != names.end()) f = p->second;
+    }
+    if (f == nullptr || size != f->sizes) return std::nullopt;
+    const checkpoint::Rows rows = checkpoint::rows_of(f->sizes[0], rank, world);
+    return std::pair{rows.first, rows.count};
+  };
+}
+
 std::unordered_map<const void*, FsdpParam*> by_impl(const std::vector<FsdpParam*>& order) {
   std::unordered_map<const void*, FsdpParam*> out;
   for (auto* f : order) out.emplace(f->param.unsafeGetTensorImpl(), f);
@@ -148,10 +193,16 @@ c10::IValue Fsdp::load_checkpoint(const std::filesystem::path& path, const State
   const int64_t rank = group_.rank(), world = group_.world_size();
   loom::detail::agree_on(group_, std::string(who) + ": loading " + path.string(), [&] {
     checkpoint::DeferredChecks checks;  // every CRC-32 inside the agreement
-    // Of a sharded Fsdp file only this rank's rows (a piece on any world size).
-    value = checkpoint::merge_shards(
-        path, io.load(path, device), io, device, {},
-        [&](int64_t whole) { return checkpoint::rows_of(whole, rank, world); });
+    if (checkpoint::dcp::is_checkpoint(path)) {
+      // Python's DCP directory: of each sharded tensor only the chunks holding this rank's
+      // rows are read, and only those rows kept.
+      value = checkpoint::dcp::load(path, device, dcp_rows(state, by_impl(s.order), rank, world));
+    } else {
+      // Of a sharded Fsdp file only this rank's rows (a piece on any world size).
+      value = checkpoint::merge_shards(
+          path, io.load(path, device), io, device, {},
+          [&](int64_t whole) { return checkpoint::rows_of(whole, rank, world); });
+    }
     checks.finish();
   });
   if (!value.isGenericDict()) return value;  // rt.load names what is wrong

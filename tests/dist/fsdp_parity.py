@@ -19,7 +19,7 @@ in the cases of the parameters' own dtype, not required to be equal: its fused A
 the whole parameters, whose kernel splits the work by tensor size, so its roundings may differ
 from those of the pieces (where they agree the line says so).
 
-Usage: python fsdp_parity.py --worker BIN --dir DIR [--cuda]   (the driver; --cuda: the GPU
+Usage: python fsdp_parity.py --worker BIN --dcp-tool BIN --dir DIR [--cuda]   (the driver; --cuda: the GPU
 smoke run of cuda_smoke below)
 """
 
@@ -271,7 +271,51 @@ def checkpoints(worker, d, py):
     print("fsdp checkpoint: Fsdp resumed from the file Ddp wrote: bitwise equal to Python's")
 
 
-def dcp_checkpoints(worker, d, py):
+def dcp_rows(tool, d, dcp_dir):
+    """What an Fsdp rank reads of Python's DCP save: loom_dcp_tool reads it whole, then as
+    each of 2 ranks' rows (dcp::load with FSDP2's cut, what Fsdp's rt.load does): every tensor
+    of one dimension or more comes back as exactly those rows of the whole, and the bytes read
+    are those of the rank's chunks and the objects, not the whole directory."""
+    import re
+    import subprocess
+
+    def tool_run(*args):
+        r = subprocess.run([tool, *map(str, args)], capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise SystemExit(f"fsdp_parity: loom_dcp_tool {args[0]} failed: {r.stdout}{r.stderr}")
+        return r.stdout.strip()
+
+    tool_run("to-torch", dcp_dir, d / "dcp_whole.pt")
+    whole = torch.load(d / "dcp_whole.pt", weights_only=True)
+    for rank in range(WORLD):
+        out = tool_run("rows", dcp_dir, d / f"dcp_rows{rank}.pt", rank, WORLD)
+        items, all_items, read, total = map(int, re.search(
+            r"(\d+) of (\d+) items, (\d+) of (\d+) bytes", out).groups())
+        rows = torch.load(d / f"dcp_rows{rank}.pt", weights_only=True)
+        checked = 0
+
+        def walk(w, r, path):
+            nonlocal checked
+            if isinstance(w, dict):
+                for k in w:
+                    walk(w[k], r[k], f"{path}.{k}")
+            elif isinstance(w, (list, tuple)):
+                for i, (a, b) in enumerate(zip(w, r)):
+                    walk(a, b, f"{path}[{i}]")
+            elif isinstance(w, torch.Tensor) and w.dim() > 0:
+                chunk = -(-w.shape[0] // WORLD)
+                first = min(rank * chunk, w.shape[0])
+                if not torch.equal(w[first:first + chunk], r):
+                    raise SystemExit(f"fsdp_parity: rank {rank}'s rows of {path} differ")
+                checked += 1
+        walk(whole, rows, "")
+        print(f"fsdp dcp: rank {rank} of {WORLD} read {items} of {all_items} items, {read} of "
+              f"{total} bytes, and got exactly its rows of {checked} tensors")
+        if not read < total * 3 // 4:
+            raise SystemExit(f"fsdp_parity: rank {rank} read {read} of {total} bytes")
+
+
+def dcp_checkpoints(worker, d, py, dcp_tool):
     """Python's torch.distributed.checkpoint directory (dcp.save of get_state_dict(model, opt)
     after 10 steps of FSDP2 on 2 ranks: each rank's rows of every tensor, the optimizer state
     keyed by parameter names) read by rt.load: Fsdp on 2 ranks resumes it bitwise equal to
@@ -290,6 +334,7 @@ def dcp_checkpoints(worker, d, py):
                          "Python's own 20 steps")
     print(f"fsdp dcp: Python's dcp.save at step {half} ({', '.join(files)}) resumed by loom "
           "Fsdp on 2 ranks: bitwise equal to Python's 20 steps")
+    dcp_rows(dcp_tool, d, dcp_dir)
     ckpt = d / "ckpt_fsdp_a.pt"  # loom's consolidated file of the same step
     for tag, nproc, strategy in (("fsdp4", 4, "fsdp"), ("fsdp1", 1, "fsdp"),
                                  ("ddp2", 2, "ddp"), ("single", 0, "single")):
@@ -487,7 +532,7 @@ def expect_prefetch(out, tag):
         raise SystemExit(f"fsdp_parity: loom {tag}: expected the line {line!r}")
 
 
-def driver(worker, d):
+def driver(worker, d, dcp_tool):
     d.mkdir(parents=True, exist_ok=True)
     write_inputs(d)
     init = np.fromfile(d / "init.bin", dtype="<f4")
@@ -542,7 +587,7 @@ def driver(worker, d):
             if not bitwise(lm[:1], lm[1:]):
                 raise SystemExit(f"fsdp_parity: loom {tag}'s ranks differ ({what})")
     checkpoints(worker, d, py_true)
-    dcp_checkpoints(worker, d, py_true)
+    dcp_checkpoints(worker, d, py_true, dcp_tool)
     sharded_checkpoints(worker, d, py_true)
     empty_init(worker, d, py_true)
     print("dist fsdp: ok")
@@ -552,6 +597,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--role", default="driver")
     ap.add_argument("--worker")
+    ap.add_argument("--dcp-tool")
     ap.add_argument("--dir", required=True)
     ap.add_argument("--accumulate", type=int, default=1)
     ap.add_argument("--clip", type=float, default=0.0)
@@ -570,7 +616,7 @@ def main():
         python_side(d, a.accumulate, a.clip, a.policy, a.checkpoint, a.dcp_at, a.load_from,
                     a.from_step, a.tag)
     else:
-        driver(a.worker, d)
+        driver(a.worker, d, a.dcp_tool)
 
 
 if __name__ == "__main__":

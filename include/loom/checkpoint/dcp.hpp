@@ -12,12 +12,16 @@
 // dtypes, torch.Size, torch.serialization._get_layout, DCP's memory-format encoding and
 // pathlib's paths; it builds values and never runs code, as Python's weights_only allowlist
 // does. The items are read with loom's torch.save reader (checkpoint/io.hpp), each from its own
-// byte range of its file. rt.load (TorchFile::load) reads a DCP directory given as the path.
+// byte range of its file. rt.load (TorchFile::load) reads a DCP directory given as the path;
+// loom::Fsdp's rt.load reads only the chunks of its rows (load with a RowsOf).
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -84,5 +88,23 @@ Metadata read_metadata(const std::filesystem::path& dir);
 /// file, or an item that is not the torch.save file of what the metadata says, is a
 /// loom::Error naming the key.
 c10::IValue load(const std::filesystem::path& dir, c10::Device device = c10::kCPU);
+
+/// What a load read: items (tensor chunks and objects) and their bytes.
+struct ReadCount {
+  int64_t items = 0;
+  int64_t bytes = 0;
+};
+
+/// Which rows of a tensor a reader wants, [first, first + count) of dim 0, given its path in the
+/// nested state dict (before an optimizer's names become ids: "optimizer", "state",
+/// "0.up.weight", "exp_avg") and its whole size; none: the whole tensor.
+using RowsOf = std::function<std::optional<std::pair<int64_t, int64_t>>(
+    const std::vector<PathStep>& path, const std::vector<int64_t>& size)>;
+
+/// load, where `rows_of` asks for part of a tensor: that tensor comes back as those rows only,
+/// and a chunk that holds none of them is not read (what loom::Fsdp does: each rank reads the
+/// byte ranges of its own rows). `count`, when given, says what was read.
+c10::IValue load(const std::filesystem::path& dir, c10::Device device, const RowsOf& rows_of,
+                 ReadCount* count = nullptr);
 
 }  // namespace loom::checkpoint::dcp
