@@ -42,6 +42,7 @@ struct Py {
 constexpr const char* kMeta = "torch.distributed.checkpoint.metadata.";
 constexpr std::size_t max_values = 1 << 22;  // far above any real metadata; bounds a hostile one
 constexpr std::size_t max_stack = 1 << 16;
+constexpr std::size_t max_chunks = 1 << 14;  // of one tensor
 
 bool is_class(const std::string& name) {
   static const char* const classes[] = {
@@ -597,6 +598,11 @@ class Interpreter {
     const Py* chunks = need(v, cls, "chunks");
     if (chunks->kind != Py::Kind::List && chunks->kind != Py::Kind::Tuple) {
       fail("the chunks of '" + key + "' are not a list");
+    }
+    // Checked pairwise for overlaps below: bounded (a save over 16,384 ranks has as many).
+    if (chunks->items.size() > max_chunks) {
+      fail("the tensor '" + key + "' has " + std::to_string(chunks->items.size()) +
+           " chunks (at most " + std::to_string(max_chunks) + ")");
     }
     uint64_t covered = 0;
     for (const Py* c : chunks->items) {
