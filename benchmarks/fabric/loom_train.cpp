@@ -116,8 +116,9 @@ std::vector<double> train(const Options& o, Device device, P policy) {
     std::unique_ptr<loom::cuda::GraphedStep> graphed;
     if (o.graph) {  // static buffers on the device; each batch copied in, then the step
       graphed = std::make_unique<loom::cuda::GraphedStep>(
-          rt, std::vector<at::Tensor>{rt.to_device(xs[0]).clone(), rt.to_device(ys[0]).clone()},
-          loom::cuda::GraphedStep::OptimizerList{opt}, [&](const std::vector<at::Tensor>& in) {
+          rt.strategy().world_size(),
+          std::vector<at::Tensor>{rt.to_device(xs[0]).clone(), rt.to_device(ys[0]).clone()},
+          std::vector<loom::OptimizerRef>{opt}, [&](const std::vector<at::Tensor>& in) {
             auto loss = torch::nn::functional::cross_entropy(rt.forward(model, in[0]), in[1]);
             rt.backward(loss, model);
             rt.optimizer_step(opt);
