@@ -370,11 +370,8 @@ class Runtime {
   /// rt.load with all of its settings (state/load_options.hpp).
   template <class S = State>
   StateDict load(const std::filesystem::path& path, const S& state, const LoadOptions& options) {
-    // Only a module built under EmptyInit, given its memory by the runtime, keeps the pages.
-    LoadOptions o = options;
-    o.keep_mapped = options.keep_mapped && stage_ == detail::Stage::Empty &&
-                    !detail::strategy_takes_empty_modules<Strategy>();
-    StateDict rest = detail::checkpoint_files<S>::load(*this, path, state, o);
+    StateDict rest = detail::checkpoint_files<S>::load(
+        *this, path, state, detail::load_options_at<Strategy>(stage_, options));
     if (stage_ == detail::Stage::Empty) stage_ = detail::Stage::Ready;  // the values are in
     return rest;
   }

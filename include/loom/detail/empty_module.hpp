@@ -15,6 +15,7 @@
 #include <loom/detail/module.hpp>
 #include <loom/error.hpp>
 #include <loom/nn/empty_init.hpp>
+#include <loom/state/load_options.hpp>
 
 namespace loom::detail {
 
@@ -72,6 +73,15 @@ void broadcast_module(Group& group, torch::nn::Module& module, int src) {
   };
   for (const auto& p : module.parameters(/*recurse=*/true)) broadcast(p);
   for (const auto& b : module.buffers(/*recurse=*/true)) broadcast(b);
+}
+
+/// rt.load's options at `stage`: only a module built under EmptyInit and given its memory by
+/// the runtime (not by the strategy, as loom::Fsdp gives it) may keep the file's pages.
+template <class S>
+LoadOptions load_options_at(Stage stage, LoadOptions options) {
+  options.keep_mapped =
+      options.keep_mapped && stage == Stage::Empty && !strategy_takes_empty_modules<S>();
+  return options;
 }
 
 /// rt.reset_parameters: the strategy's row, or every module initialized whole (nn::init_each)
