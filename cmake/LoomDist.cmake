@@ -20,7 +20,7 @@ add_library(loom_dist STATIC
 add_library(loom::dist ALIAS loom_dist)
 set_target_properties(loom_dist PROPERTIES EXPORT_NAME dist POSITION_INDEPENDENT_CODE ON)
 target_link_libraries(loom_dist PUBLIC loom)
-if(TARGET loom_warnings)
+if(LOOM_WARNINGS)
   target_link_libraries(loom_dist PRIVATE $<BUILD_INTERFACE:loom_warnings>)
 endif()
 # Only gloo.cpp sees gloo's headers (a system directory is already searched).

@@ -23,7 +23,7 @@ set_target_properties(loom_tensorboard PROPERTIES EXPORT_NAME tensorboard
                                                   POSITION_INDEPENDENT_CODE ON)
 target_link_libraries(loom_tensorboard PUBLIC loom PRIVATE protobuf::libprotobuf-lite)
 target_include_directories(loom_tensorboard PRIVATE "${_loom_tb_out}")
-if(TARGET loom_warnings)
+if(LOOM_WARNINGS)
   # The generated code is protoc's: loom's warnings apply to loom's file only.
   set_source_files_properties(src/loggers/tensorboard_logger.cpp PROPERTIES
     COMPILE_OPTIONS "-Wall;-Wextra;-Wpedantic;-Wshadow;$<$<BOOL:${LOOM_WERROR}>:-Werror>")

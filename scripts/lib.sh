@@ -31,6 +31,9 @@ loom_configure_dir() {
     # (as CI makes) reuses the compiler cache of the last one.
     export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$LOOM_ROOT}
     export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
+    # What ccache needs to cache translation units built on a precompiled header (the header
+    # tests, cmake/LoomTesting.cmake) instead of compiling them every time.
+    export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
   fi
   local cxx=${LOOM_CXX:-${CXX:-}}
   if [ -n "$cxx" ]; then

@@ -15,9 +15,21 @@
 #                          look there; configure only
 #   MODE=standalone        configure LOOM_SOURCE_DIR alone with tests and examples off and Catch2
 #                          and CLI11 unfindable, build, install into WORK_DIR/prefix, check it
-# Also: GENERATOR, CXX_COMPILER, COMPILER_LAUNCHER, Torch_DIR, LOOM_VENV, LOOM_TORCH_VERSION.
+# Also: GENERATOR, CXX_COMPILER, COMPILER_LAUNCHER, Torch_DIR, LOOM_VENV, LOOM_TORCH_VERSION,
+# WARNINGS and WERROR (loom's LOOM_WARNINGS and LOOM_WERROR).
+# standalone and add_subdirectory compile loom's sources again, with the flags of the build
+# that runs the test (LOOM_WARNINGS, LOOM_WERROR) and in a build directory beside it
+# (<build>-standalone, <build>-add_subdirectory), removed when the test passes: each compile
+# line then reads as the same line of that build, relative to the checkout, and the compiler
+# cache (ccache, CCACHE_BASEDIR: scripts/lib.sh) answers it instead of compiling loom twice more.
 file(REMOVE_RECURSE "${WORK_DIR}")
 set(prefix "${WORK_DIR}/prefix")
+set(build "${WORK_DIR}/build")
+set(loom_flags -DLOOM_WARNINGS=${WARNINGS} -DLOOM_WERROR=${WERROR})
+if(MODE MATCHES "^(standalone|add_subdirectory)$")
+  set(build "${LOOM_BINARY_DIR}-${MODE}")
+  file(REMOVE_RECURSE "${build}")
+endif()
 set(common -G "${GENERATOR}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
 if(COMPILER_LAUNCHER)
   list(APPEND common -DCMAKE_CXX_COMPILER_LAUNCHER=${COMPILER_LAUNCHER})
@@ -35,11 +47,11 @@ function(run what)
 endfunction()
 
 if(MODE STREQUAL "standalone")
-  run("configuring loom" ${CMAKE_COMMAND} -S "${LOOM_SOURCE_DIR}" -B "${WORK_DIR}/build" ${common}
-      -DTorch_DIR=${Torch_DIR} -DLOOM_BUILD_TESTS=OFF -DLOOM_BUILD_EXAMPLES=OFF
+  run("configuring loom" ${CMAKE_COMMAND} -S "${LOOM_SOURCE_DIR}" -B "${build}" ${common}
+      -DTorch_DIR=${Torch_DIR} -DLOOM_BUILD_TESTS=OFF -DLOOM_BUILD_EXAMPLES=OFF ${loom_flags}
       -DCMAKE_DISABLE_FIND_PACKAGE_Catch2=ON -DCMAKE_DISABLE_FIND_PACKAGE_CLI11=ON)
-  run("building loom" ${CMAKE_COMMAND} --build "${WORK_DIR}/build")
-  run("installing loom" ${CMAKE_COMMAND} --install "${WORK_DIR}/build" --prefix "${prefix}")
+  run("building loom" ${CMAKE_COMMAND} --build "${build}")
+  run("installing loom" ${CMAKE_COMMAND} --install "${build}" --prefix "${prefix}")
   foreach(f include/loom/loom.hpp share/cmake/loom/loomConfig.cmake
             share/cmake/loom/loomConfigVersion.cmake share/cmake/loom/loomTargets.cmake
             share/cmake/loom/LoomTorchWheel.cmake)
@@ -50,12 +62,13 @@ if(MODE STREQUAL "standalone")
   file(GLOB_RECURSE files "${prefix}/*")
   list(LENGTH files n)
   message("install: loom installed ${n} files without Catch2 and CLI11")
+  file(REMOVE_RECURSE "${build}")
   return()
 endif()
 
 if(MODE STREQUAL "add_subdirectory")
   set(args -DCONSUMER_MODE=add_subdirectory -DLOOM_SOURCE_DIR=${LOOM_SOURCE_DIR}
-           -DTorch_DIR=${Torch_DIR})
+           -DTorch_DIR=${Torch_DIR} ${loom_flags})
 else()
   run("installing loom" ${CMAKE_COMMAND} --install "${LOOM_BINARY_DIR}" --prefix "${prefix}")
   set(args -DCONSUMER_MODE=${MODE} -DCMAKE_PREFIX_PATH=${prefix})
@@ -82,7 +95,7 @@ else()
 endif()
 
 run("configuring the consumer" ${clean_env} ${CMAKE_COMMAND}
-    -S "${CMAKE_CURRENT_LIST_DIR}/consumer" -B "${WORK_DIR}/build" ${common} ${args})
+    -S "${CMAKE_CURRENT_LIST_DIR}/consumer" -B "${build}" ${common} ${args})
 if(MODE STREQUAL "no_torch")
   string(REGEX MATCH "consumer: loom_FOUND is [a-z]+" found "${out}")
   message("${found}")
@@ -91,6 +104,9 @@ endif()
 if(MODE STREQUAL "wheel" AND NOT out MATCHES "loom: LibTorch from the torch wheel in ")
   message(FATAL_ERROR "LoomTorchWheel.cmake did not find the wheel itself:\n${out}")
 endif()
-run("building the consumer" ${CMAKE_COMMAND} --build "${WORK_DIR}/build")
-run("the consumer" "${WORK_DIR}/build/consumer")
+run("building the consumer" ${CMAKE_COMMAND} --build "${build}")
+run("the consumer" "${build}/consumer")
 message("${out}")
+if(MODE STREQUAL "add_subdirectory")
+  file(REMOVE_RECURSE "${build}")
+endif()
