@@ -55,24 +55,10 @@ function(loom_skipped_group group reason)
   message(STATUS "loom: tests ${group} not registered: ${reason}")
 endfunction()
 
-# loom_test_optimization(<target>...)
-#   The tests' own code (test cases, workers, tools) compiles at LOOM_TEST_OPTIMIZATION
-#   (default -O1, after the build type's flags, so it wins), which halves the compile time of
-#   their large template instantiations; loom's libraries and examples keep the build type's.
-#   The tests compare numbers LibTorch's compiled kernels produce, and no -O level changes
-#   IEEE arithmetic (no -ffast-math anywhere).
-set(LOOM_TEST_OPTIMIZATION "-O1" CACHE STRING
-    "Optimisation flags for loom's tests (after the build type's; empty: the build type's)")
-function(loom_test_optimization)
-  foreach(target IN LISTS ARGN)
-    target_compile_options(${target} PRIVATE ${LOOM_TEST_OPTIMIZATION})
-  endforeach()
-endfunction()
-
 # loom_add_compile_fail_test(<file.fail.cpp>)
 #   The file holds one `// expect-error: <regex>` line. Built with LOOM_FAIL defined it must
 #   fail with output matching <regex> (a loom message, never compiler wording); built without,
-#   it must compile: that twin is part of the normal build. An optional
+#   it must compile: that twin is part of the normal build (with LOOM_BUILD_COMPILE_CHECKS). An optional
 #   `// reject-error: <regex>` line names output that must not appear (a cascade of further
 #   errors after the one that explains the mistake). Each directive is a line of its own
 #   (.clang-format never wraps them); one that is not stops the configure
@@ -107,9 +93,11 @@ function(loom_add_compile_fail_test file)
   string(REPLACE ";" "[;]" regex "${regex}")
   string(REPLACE ";" "[;]" reject_regex "${reject_regex}")
 
-  add_library(loom_cf_${name}_twin OBJECT "${file}")
-  target_link_libraries(loom_cf_${name}_twin PRIVATE loom::loom loom_warnings)
-  target_include_directories(loom_cf_${name}_twin PRIVATE "${PROJECT_SOURCE_DIR}/tests")
+  if(LOOM_BUILD_COMPILE_CHECKS)
+    add_library(loom_cf_${name}_twin OBJECT "${file}")
+    target_link_libraries(loom_cf_${name}_twin PRIVATE loom::loom loom_warnings)
+    target_include_directories(loom_cf_${name}_twin PRIVATE "${PROJECT_SOURCE_DIR}/tests")
+  endif()
 
   add_library(loom_cf_${name} OBJECT EXCLUDE_FROM_ALL "${file}")
   target_link_libraries(loom_cf_${name} PRIVATE loom::loom)
@@ -141,7 +129,6 @@ function(loom_add_header_tests target include_dir)
   file(CONFIGURE OUTPUT "${main}" CONTENT "int main() { return 0; }\n")
   add_executable(${target} ${sources} "${main}")
   target_link_libraries(${target} PRIVATE loom::loom loom_warnings)
-  loom_test_optimization(${target})
   # LibTorch's headers precompiled (LOOM_CF_PCH_HEADERS, as the compile-fail tests have them):
   # each of these translation units then parses only loom, in seconds instead of LibTorch's
   # ten. What this check guards is loom's own include graph; a loom header that forgot a
