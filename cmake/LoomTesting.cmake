@@ -58,10 +58,10 @@ endfunction()
 # loom_add_compile_fail_test(<file.fail.cpp>)
 #   The file holds one `// expect-error: <regex>` line. Built with LOOM_FAIL defined it must
 #   fail with output matching <regex> (a loom message, never compiler wording); built without,
-#   it must compile: that twin is part of the normal build (with LOOM_BUILD_COMPILE_CHECKS). An optional
-#   `// reject-error: <regex>` line names output that must not appear (a cascade of further
-#   errors after the one that explains the mistake). Each directive is a line of its own
-#   (.clang-format never wraps them); one that is not stops the configure
+#   it must compile: that twin is part of the normal build (with LOOM_BUILD_COMPILE_CHECKS).
+#   An optional `// reject-error: <regex>` line names output that must not appear (a cascade of
+#   further errors after the one that explains the mistake). Each directive is a line of its
+#   own (.clang-format never wraps them); one that is not stops the configure
 #   (cmake/LoomFailDirectives.cmake). Files may include "support/...".
 #   The LOOM_FAIL builds run at test time, where the compiler cache cannot help (a failed
 #   compile is never cached): they reuse one precompiled header of the LibTorch headers that
