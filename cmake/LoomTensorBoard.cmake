@@ -26,6 +26,6 @@ target_include_directories(loom_tensorboard PRIVATE "${_loom_tb_out}")
 if(LOOM_WARNINGS)
   # The generated code is protoc's: loom's warnings apply to loom's file only.
   set_source_files_properties(src/loggers/tensorboard_logger.cpp PROPERTIES
-    COMPILE_OPTIONS "-Wall;-Wextra;-Wpedantic;-Wshadow;$<$<BOOL:${LOOM_WERROR}>:-Werror>")
+    COMPILE_OPTIONS "${LOOM_WARNING_FLAGS}")
 endif()
 message(STATUS "loom: loom::tensorboard with protobuf ${Protobuf_VERSION}")

@@ -62,7 +62,7 @@ if(MODE STREQUAL "standalone")
   file(GLOB_RECURSE files "${prefix}/*")
   list(LENGTH files n)
   message("install: loom installed ${n} files without Catch2 and CLI11")
-  file(REMOVE_RECURSE "${build}")
+  file(REMOVE_RECURSE "${build}")  # passed: the directory beside the build goes
   return()
 endif()
 
@@ -108,5 +108,5 @@ run("building the consumer" ${CMAKE_COMMAND} --build "${build}")
 run("the consumer" "${build}/consumer")
 message("${out}")
 if(MODE STREQUAL "add_subdirectory")
-  file(REMOVE_RECURSE "${build}")
+  file(REMOVE_RECURSE "${build}")  # passed: the directory beside the build goes
 endif()
