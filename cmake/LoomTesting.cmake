@@ -76,15 +76,28 @@ set(LOOM_CF_PCH_HEADERS
   <torch/types.h> <torch/utils.h> <torch/nn/module.h> <torch/nn/utils/clip_grad.h>
   <torch/optim/optimizer.h> <torch/optim/sgd.h> <torch/optim/adam.h> <torch/optim/adamw.h>
   <torch/data/example.h> <torch/serialize/archive.h>)
-function(loom_compile_fail_pch)
-  if(TARGET loom_cf_pch)
+
+# loom_pch_library(<name> HEADERS <header>... [LINK <target>...] [INCLUDE <dir>...]
+#                  [OPTIONS <flag>...]): once, an object library of one empty source whose
+#   precompiled header of <header>... other targets reuse (REUSE_FROM <name>), compiled with
+#   loom::loom and the given links, include directories and flags (a reusing target's must
+#   match them).
+function(loom_pch_library name)
+  cmake_parse_arguments(P "" "" "HEADERS;LINK;INCLUDE;OPTIONS" ${ARGN})
+  if(TARGET ${name})
     return()
   endif()
-  file(CONFIGURE OUTPUT "${CMAKE_CURRENT_BINARY_DIR}/loom_cf_pch.cpp" CONTENT "\n")
-  add_library(loom_cf_pch OBJECT "${CMAKE_CURRENT_BINARY_DIR}/loom_cf_pch.cpp")
-  target_link_libraries(loom_cf_pch PRIVATE loom::loom)
-  target_include_directories(loom_cf_pch PRIVATE "${PROJECT_SOURCE_DIR}/tests")
-  target_precompile_headers(loom_cf_pch PRIVATE ${LOOM_CF_PCH_HEADERS})
+  file(CONFIGURE OUTPUT "${CMAKE_CURRENT_BINARY_DIR}/${name}.cpp" CONTENT "\n")
+  add_library(${name} OBJECT "${CMAKE_CURRENT_BINARY_DIR}/${name}.cpp")
+  target_link_libraries(${name} PRIVATE loom::loom ${P_LINK})
+  target_include_directories(${name} PRIVATE ${P_INCLUDE})
+  target_compile_options(${name} PRIVATE ${P_OPTIONS})
+  target_precompile_headers(${name} PRIVATE ${P_HEADERS})
+endfunction()
+
+function(loom_compile_fail_pch)
+  loom_pch_library(loom_cf_pch HEADERS ${LOOM_CF_PCH_HEADERS}
+                   INCLUDE "${PROJECT_SOURCE_DIR}/tests")
 endfunction()
 
 function(loom_add_compile_fail_test file)
@@ -136,4 +149,53 @@ function(loom_add_header_tests target include_dir)
   target_precompile_headers(${target} PRIVATE ${LOOM_CF_PCH_HEADERS})
   add_test(NAME headers.compile_alone COMMAND ${target})
   set_tests_properties(headers.compile_alone PROPERTIES LABELS headers)
+endfunction()
+
+# How the programs of loom's own build compile: the tests, the test programs, the examples and
+# the docs' code blocks (never the library, the install tests' consumers or the benchmarks,
+# which keep the build type's flags). A program that includes LibTorch spends about 40 s
+# parsing LibTorch's and loom's headers and as long again optimising at -O3; scripts/test.sh
+# builds its GCC half with both settings below (docs/testing.md has the figures).
+#   LOOM_TEST_OPTIMIZATION  a flag such as -O1 appended to these programs' flags (empty: the
+#                           build type's own)
+#   LOOM_TEST_PCH           one precompiled header of <torch/torch.h> and <loom/loom.hpp>
+#                           (target loom_test_pch) that the tests, test programs and docs'
+#                           blocks reuse. Each then sees all of loom: what a loom header itself
+#                           includes is checked by the header tests (which keep their own
+#                           precompiled header) and by the examples, which never use it.
+set(LOOM_TEST_OPTIMIZATION "" CACHE STRING
+    "Optimisation flag of loom's tests and examples (empty: the build type's)")
+option(LOOM_TEST_PCH "Build loom's tests and examples on one precompiled header" OFF)
+
+# loom_test_programs([NO_PCH]): applies the two settings to every executable and object
+# library this directory defined that links loom::loom, has no precompiled header of its own
+# and is not instrumented (the fuzzers). NO_PCH: LOOM_TEST_OPTIMIZATION only (the examples,
+# which compile as a user's program does, each with its own includes).
+function(loom_test_programs)
+  cmake_parse_arguments(T "NO_PCH" "" "" ${ARGN})
+  get_property(targets DIRECTORY PROPERTY BUILDSYSTEM_TARGETS)
+  foreach(t IN LISTS targets)
+    get_target_property(type ${t} TYPE)
+    get_target_property(links ${t} LINK_LIBRARIES)
+    get_target_property(pch ${t} PRECOMPILE_HEADERS)
+    get_target_property(reuse ${t} PRECOMPILE_HEADERS_REUSE_FROM)
+    get_target_property(options ${t} COMPILE_OPTIONS)
+    get_target_property(excluded ${t} EXCLUDE_FROM_ALL)
+    if(NOT type MATCHES "^(EXECUTABLE|OBJECT_LIBRARY)$" OR NOT "loom::loom" IN_LIST links
+       OR pch OR reuse OR excluded OR "${options}" MATCHES "-fsanitize")
+      continue()
+    endif()
+    if(LOOM_TEST_OPTIMIZATION)
+      target_compile_options(${t} PRIVATE ${LOOM_TEST_OPTIMIZATION})
+    endif()
+    if(LOOM_TEST_PCH AND NOT T_NO_PCH)
+      loom_test_pch()
+      target_precompile_headers(${t} REUSE_FROM loom_test_pch)
+    endif()
+  endforeach()
+endfunction()
+
+function(loom_test_pch)
+  loom_pch_library(loom_test_pch HEADERS <torch/torch.h> <loom/loom.hpp> LINK loom_warnings
+                   OPTIONS ${LOOM_TEST_OPTIMIZATION})
 endfunction()

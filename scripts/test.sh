@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test suite: installs what is missing, checks the formatting (scripts/check-format.sh),
 # then builds every test, example and header check with GCC 12 in $LOOM_BUILD_DIR (default
-# build/) and runs them through ctest (the tests labelled gpu need a GPU and are left out), with
+# build/; the tests and examples at -O1, the tests on a shared precompiled header) and runs
+# them through ctest (the tests labelled gpu need a GPU and are left out), with
 # -DLOOM_WERROR=ON and ccache.
 # With --all, as CI runs it (.ci/run): the same, then Clang 14 in $LOOM_BUILD_DIR-clang, which
 # builds loom, its tests and examples without optimisation (Clang warns from its front end: -O0
@@ -91,15 +92,21 @@ count_tests() {
   summary+=("$line")
 }
 
+# The GCC half builds the tests and examples at -O1, the tests on one precompiled header of
+# LibTorch and loom (cmake/LoomTesting.cmake; the quick start's translation unit: 130 s at -O3,
+# 53 s so); the library keeps -O3.
+suite_cmake_args=(-DLOOM_TEST_OPTIMIZATION=-O1 -DLOOM_TEST_PCH=ON)
 suite gcc "${LOOM_GCC:-g++-12}" "$LOOM_BUILD_DIR" gpu "$@"
 
 if [ "$all" = 1 ]; then
   # The Clang half checks that loom, its tests and examples compile warning-free with Clang,
   # which warns from its front end alone: it builds without optimisation (half Clang's -O3
-  # time) and without the compile-only checks (each header alone, the compile-fail twins: the
-  # GCC half's), and runs the unit, compile-fail and docs tests. The runs of processes (dist,
-  # checkpoint resumes, examples, installs, the long numerical ones) are the GCC half's.
-  suite_cmake_args=(-DCMAKE_CXX_FLAGS_RELEASE="-O0 -DNDEBUG" -DLOOM_BUILD_COMPILE_CHECKS=OFF)
+  # time), the tests on the shared precompiled header, and without the compile-only checks
+  # (each header alone, the compile-fail twins: the GCC half's), and runs the unit,
+  # compile-fail and docs tests. The runs of processes (dist, checkpoint resumes, examples,
+  # installs, the long numerical ones) are the GCC half's.
+  suite_cmake_args=(-DCMAKE_CXX_FLAGS_RELEASE="-O0 -DNDEBUG" -DLOOM_BUILD_COMPILE_CHECKS=OFF
+                    -DLOOM_TEST_OPTIMIZATION= -DLOOM_TEST_PCH=ON)
   suite clang "${LOOM_CLANG:-clang++-14}" "$LOOM_BUILD_DIR-clang" \
     "gpu|packaging|slow|install|dist|checkpoint|example|netns" "$@"
 

@@ -101,33 +101,53 @@ void place(c10::IValue& node, const std::vector<PathStep>& path, std::size_t fro
   list.set(i, child);
 }
 
+/// Whether `groups` is an optimizer's param_groups: a list of dicts, each with a "params" list.
+bool param_groups(const c10::IValue& groups) {
+  if (!groups.isList()) return false;
+  for (const auto& g : groups.toListRef()) {
+    if (!g.isGenericDict()) return false;
+    const auto d = g.toGenericDict();
+    const auto params = d.find("params");
+    if (params == d.end() || !params->value().isList()) return false;
+  }
+  return true;
+}
+
 /// An optimizer state keyed by parameter names (get_state_dict's) keyed by ids instead, in the
-/// order of the param_groups' "params"; any other dict is left as it is.
+/// order of the param_groups' "params"; one keyed by ids that flattening made strings ("0")
+/// keyed by ints again; a "state" that flattening dropped (an empty dict leaves no item) made
+/// empty again. Any other dict is left as it is.
 void ids_for_names(c10::IValue& v) {
   if (!v.isGenericDict()) return;
   auto d = v.toGenericDict();
-  const auto state = d.find("state");
   const auto groups = d.find("param_groups");
-  if (state == d.end() || groups == d.end() || !state->value().isGenericDict() ||
-      !groups->value().isList()) {
+  if (groups == d.end() || !param_groups(groups->value())) {
     for (auto& e : d) {
       c10::IValue child = e.value();
       ids_for_names(child);
     }
     return;
   }
+  if (d.find("state") == d.end()) {
+    d.insert("state", c10::impl::GenericDict(c10::IntType::get(), c10::AnyType::get()));
+  }
+  const auto state = d.find("state");
+  if (!state->value().isGenericDict()) return;
   std::unordered_map<std::string, int64_t> ids;
   auto list = groups->value().toList();
   for (std::size_t g = 0; g < list.size(); ++g) {
-    if (!list.get(g).isGenericDict()) return;
     auto group = list.get(g).toGenericDict();
-    const auto params = group.find("params");
-    if (params == group.end() || !params->value().isList()) return;
     c10::impl::GenericList numbered(c10::IntType::get());
-    for (const auto& p : params->value().toList()) {
-      if (!p.get().isString()) return;  // ids already (or not an optimizer): as it is
-      const std::string name = p.get().toStringRef();
-      const auto id = static_cast<int64_t>(ids.size());
+    for (const auto& p : group.at("params").toList()) {
+      std::string name;
+      if (p.get().isInt()) {
+        name = std::to_string(p.get().toInt());  // an id: its state's key, flattened
+      } else if (p.get().isString()) {
+        name = p.get().toStringRef();
+      } else {
+        return;  // not an optimizer's: as it is
+      }
+      const auto id = p.get().isInt() ? p.get().toInt() : static_cast<int64_t>(ids.size());
       if (!ids.emplace(name, id).second) {
         throw Error("loom::checkpoint: the optimizer's param_groups name '" + name + "' twice");
       }
@@ -137,6 +157,10 @@ void ids_for_names(c10::IValue& v) {
   }
   c10::impl::GenericDict by_id(c10::IntType::get(), c10::AnyType::get());
   for (const auto& e : state->value().toGenericDict()) {
+    if (e.key().isInt()) {
+      by_id.insert(e.key(), e.value());
+      continue;
+    }
     if (!e.key().isString()) return;
     const auto it = ids.find(e.key().toStringRef());
     if (it == ids.end()) {

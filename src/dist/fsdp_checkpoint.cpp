@@ -1,12 +1,14 @@
 // loom::Fsdp's rt.save and rt.load (include/loom/dist/fsdp.hpp): one consolidated file, each
-// piece of the module and optimizer entries gathered whole, or each rank's pieces in a file of
-// its own (checkpoint/shards.hpp, format 2); either read back, as this rank's pieces.
+// piece of the module and optimizer entries gathered whole, each rank's pieces in a file of
+// its own (checkpoint/shards.hpp, format 2), or a DCP directory (checkpoint/dcp.hpp); any of
+// them read back, as this rank's pieces.
 #include <loom/dist/fsdp.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
@@ -17,10 +19,12 @@
 
 #include <ATen/ATen.h>
 
+#include <loom/checkpoint/async.hpp>
 #include <loom/checkpoint/dcp.hpp>
 #include <loom/checkpoint/mapped.hpp>
 #include <loom/checkpoint/shards.hpp>
 #include <loom/detail/agree_on_failure.hpp>
+#include <loom/error.hpp>
 #include <loom/state/entry.hpp>
 
 #include "fsdp_state.hpp"
@@ -139,6 +143,158 @@ std::unordered_map<const void*, FsdpParam*> by_impl(const std::vector<FsdpParam*
   return out;
 }
 
+/// One chunk another rank wrote, as it tells rank 0: [key, dtype, size, offsets, sizes, file,
+/// offset, length].
+c10::IValue chunk_record(const checkpoint::dcp::WriteItem& item,
+                         const checkpoint::dcp::StorageInfo& where) {
+  const at::Tensor& t = item.value.toTensor();
+  c10::impl::GenericList out(c10::AnyType::get());
+  out.push_back(item.key);
+  out.push_back(static_cast<int64_t>(t.scalar_type()));
+  out.push_back(item.size);
+  out.push_back(item.offsets);
+  out.push_back(t.sizes().vec());
+  out.push_back(where.file);
+  out.push_back(static_cast<int64_t>(where.offset));
+  out.push_back(static_cast<int64_t>(where.length));
+  return out;
+}
+
+/// FsdpCheckpoint::Dcp's save: the value rt.save writes, its optimizer entries keyed by the
+/// parameters' names, flattened as DCP flattens; each rank writes the chunks of its pieces
+/// (its rows, at their offsets in the whole tensor) to `__R_0.distcp` in a directory staged
+/// beside `path`, rank 0 also every other tensor (whole) and value; rank 0 learns where the
+/// other ranks' chunks lie, writes the `.metadata` and renames the directory into place.
+void save_dcp(ProcessGroup& group, const std::filesystem::path& path, const State& state,
+              const std::vector<FsdpParam*>& order) {
+  namespace dcp = checkpoint::dcp;
+  const int rank = group.rank(), world = group.world_size();
+  state::Dict top = state::save_entries(state);
+  // Which of the value's tensors are pieces (by their TensorImpl: the same tensors stay in the
+  // value when the optimizer's keys become names).
+  std::unordered_map<const void*, FsdpParam*> pieces;
+  for (const auto& slot :
+       slots(state, top, by_impl(order), [](const at::Tensor&t, const FsdpParam&f) {
+         return t.sizes().vec() == f.shape(f.local);
+       })) {
+    pieces.emplace(slot.dict.at(slot.key).toTensor().unsafeGetTensorImpl(), slot.param);
+  }
+  std::unordered_map<const void*, std::string> names;  // a module entry's parameter -> name
+  for (const StateEntry& e : state) {
+    if (e.module() == nullptr) continue;
+    for (const auto& item : e.module()->named_parameters(/*recurse=*/true)) {
+      names.emplace(item.value().unsafeGetTensorImpl(), item.key());
+    }
+  }
+  for (const StateEntry& e : state) {
+    const c10::IValue key{std::string(e.name())};
+    if (e.optimizer() == nullptr || !top.contains(key)) continue;
+    std::vector<std::string> by_id;
+    for (const auto& g : e.optimizer()->param_groups()) {
+      for (const auto& p : g.params()) {
+        const auto it = names.find(p.unsafeGetTensorImpl());
+        if (it == names.end()) {
+          throw Error(std::string(who) + ": a DCP checkpoint keys the optimizer '" +
+                      std::string(e.name()) +
+                      "' by parameter names, and one of its parameters is in no module entry");
+        }
+        by_id.push_back(it->second);
+      }
+    }
+    c10::IValue optimizer = top.at(key);
+    dcp::key_by_names(optimizer, by_id);
+  }
+  const std::vector<dcp::WriteItem> items = dcp::flatten(c10::IValue(top));
+  std::vector<dcp::WriteItem> mine;  // what this rank writes
+  for (const auto& item : items) {
+    const auto it = item.value.isTensor() ? pieces.find(item.value.toTensor().unsafeGetTensorImpl())
+                                          : pieces.end();
+    if (it == pieces.end()) {
+      if (rank == 0) mine.push_back(item);  // whole, once
+      continue;
+    }
+    const FsdpParam& f = *it->second;
+    if (f.local == 0) continue;  // a rank past the last row holds nothing of it
+    dcp::WriteItem chunk = item;
+    chunk.size = f.sizes;
+    chunk.offsets.assign(f.sizes.size(), 0);
+    chunk.offsets[0] = std::min(rank * f.chunk, f.sizes[0]);
+    mine.push_back(std::move(chunk));
+  }
+  std::string tag;
+  try {
+    tag = group.broadcast_object(rank == 0 ? checkpoint::new_shard_tag() : std::string(), 0);
+  } catch (...) {
+    group.fail("the DCP save's name", std::current_exception());
+  }
+  const auto staged = dcp::staging_dir(path, tag);
+  const std::string file = "__" + std::to_string(rank) + "_0.distcp";
+  loom::detail::agree_on(group, std::string(who) + ": creating " + staged.string(), [&] {
+    if (rank != 0) return;
+    std::error_code ec;
+    std::filesystem::create_directories(staged, ec);
+    if (ec) throw Error("cannot create " + staged.string() + ": " + ec.message());
+  });
+  try {
+    std::vector<dcp::StorageInfo> where;
+    loom::detail::agree_on(group, std::string(who) + ": writing " + (staged / file).string(), [&] {
+      if (!mine.empty()) where = dcp::write_items(staged / file, mine);
+    });
+    // Where every other rank's chunks lie, told to rank 0.
+    c10::impl::GenericList records(c10::AnyType::get());
+    for (std::size_t i = 0; i < mine.size() && rank != 0; ++i) {
+      records.push_back(chunk_record(mine[i], where[i]));
+    }
+    std::vector<c10::IValue> others;
+    try {
+      for (int r = 1; r < world; ++r) {
+        others.push_back(group.broadcast_object(
+            rank == r ? c10::IValue(records)
+                      : c10::IValue(c10::impl::GenericList(c10::AnyType::get())),
+            r));
+      }
+    } catch (...) {
+      group.fail("telling rank 0 where the DCP chunks lie", std::current_exception());
+    }
+    loom::detail::agree_on(group, std::string(who) + ": publishing " + path.string(), [&] {
+      if (rank != 0) return;
+      dcp::Metadata m;
+      m.version = "1.0.0";
+      for (const auto& item : items) m.paths.emplace(item.key, item.path);
+      for (std::size_t i = 0; i < mine.size(); ++i) {
+        const auto& item = mine[i];
+        if (!item.value.isTensor()) {
+          m.objects.emplace(item.key, where[i]);
+          continue;
+        }
+        auto& t = m.tensors[item.key];
+        t.dtype = item.value.toTensor().scalar_type();
+        t.size = item.size;
+        t.chunks.push_back(dcp::Chunk{item.offsets, item.value.toTensor().sizes().vec(), where[i]});
+      }
+      for (const auto& list : others) {
+        for (const auto& r : list.toListRef()) {
+          const auto e = r.toListRef();
+          auto& t = m.tensors[e[0].toStringRef()];
+          t.dtype = static_cast<c10::ScalarType>(e[1].toInt());
+          t.size = e[2].toIntVector();
+          t.chunks.push_back(
+              dcp::Chunk{e[3].toIntVector(), e[4].toIntVector(),
+                         dcp::StorageInfo{e[5].toStringRef(), static_cast<uint64_t>(e[6].toInt()),
+                                          static_cast<uint64_t>(e[7].toInt())}});
+        }
+      }
+      dcp::publish(staged, path, m);
+    });
+  } catch (...) {
+    if (rank == 0) {
+      std::error_code ec;
+      std::filesystem::remove_all(staged, ec);
+    }
+    throw;
+  }
+}
+
 }  // namespace
 
 void Fsdp::save_sharded(const std::filesystem::path& path, const State& state,
@@ -165,6 +321,15 @@ void Fsdp::save_checkpoint(const std::filesystem::path& path, const State& state
                            const checkpoint::CheckpointIO& io) {
   auto& s = *state_;
   check_step_ready();  // every unit's pieces on its parameters
+  if (s.options.checkpoint == FsdpCheckpoint::Dcp) {
+    if (dynamic_cast<const checkpoint::AsyncFile*>(&io) != nullptr) {
+      throw Error(std::string(who) +
+                  ": FsdpCheckpoint::Dcp writes synchronously; save without async, or choose "
+                  "another FsdpCheckpoint for asynchronous saves");
+    }
+    save_dcp(group_, path, state, s.order);
+    return;
+  }
   if (s.options.checkpoint == FsdpCheckpoint::Sharded && group_.world_size() > 1) {
     save_sharded(path, state, io);
     return;

@@ -1,4 +1,4 @@
-"""loom reads Python's torch.distributed.checkpoint (DCP) directories.
+"""loom reads and writes torch.distributed.checkpoint (DCP) directories.
 
 Python (one process, no process group) writes with dcp.save: a model with its AdamW state
 through get_state_dict (flattened: the optimizer keyed by parameter names, its hyperparameters
@@ -6,7 +6,10 @@ as objects), tensors of several dtypes (bf16, f64, int64, a scalar, an empty one
 dict and a list, and Python objects (int, float, str, tuple, None). loom_dcp_tool reads each
 directory with loom::checkpoint::dcp::load and writes one torch.save file, which Python's
 torch.load(weights_only=True) opens: the same nesting, the same bits, and the optimizer state
-keyed by ids as opt.state_dict() keys it. Then the refusals: a truncated .distcp file, a
+keyed by ids as opt.state_dict() keys it. The other way, loom writes each state as a DCP
+directory (loom_dcp_tool from-torch, loom::checkpoint::dcp::save): Python's dcp_to_torch_save
+gives back the same values bitwise, and dcp.load + set_state_dict read the model and its
+optimizer into a fresh model. Then the refusals: a truncated .distcp file, a
 missing one, an unknown global in .metadata (a pickle that would run code), each a message
 naming what is wrong.
 
@@ -100,6 +103,41 @@ def main():
               f"{'the same values, bitwise' if not why else 'DIFFERENT: ' + why}")
         if why:
             raise SystemExit(f"dcp parity: {name}: {why}")
+
+    # The other way: loom writes each state as a DCP directory (loom_dcp_tool from-torch: the
+    # torch.save file read by loom and written by loom::checkpoint::dcp::save); Python's
+    # dcp_to_torch_save makes one file of it, with the same nesting and bits, and dcp.load
+    # reads the model and optimizer into a fresh model through set_state_dict.
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+    for name, (state, expected) in cases.items():
+        torch.save(state, d / f"{name}.source.pt")
+        out = d / f"{name}.loom"
+        r = tool(["from-torch", str(d / f"{name}.source.pt"), str(out)], a.tool)
+        if r.returncode != 0:
+            print(r.stdout, r.stderr)
+            raise SystemExit(f"dcp parity: loom could not write {name}")
+        dcp_to_torch_save(str(out), str(d / f"{name}.loom.pt"))
+        why = same(state, torch.load(d / f"{name}.loom.pt", weights_only=False))
+        files = sorted(p.name for p in out.iterdir())
+        print(f"dcp parity: {name}: {r.stdout.strip()} ({', '.join(files)}); Python's "
+              f"dcp_to_torch_save: {'the same values, bitwise' if not why else 'DIFFERENT: ' + why}")
+        if why or files != [".metadata", "__0_0.distcp"]:
+            raise SystemExit(f"dcp parity: {name} written by loom: {why or files}")
+    fresh = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.LayerNorm(5),
+                                torch.nn.Linear(5, 3))
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1.0)
+    fmsd, fosd = get_state_dict(fresh, fresh_opt)
+    template = {"model": fmsd, "optimizer": fosd}
+    dcp.load(template, checkpoint_id=str(d / "model_optimizer.loom"))
+    set_state_dict(fresh, fresh_opt, model_state_dict=template["model"],
+                   optim_state_dict=template["optimizer"])
+    why = same({"model": model.state_dict(), "optimizer": opt.state_dict()},
+               {"model": fresh.state_dict(), "optimizer": fresh_opt.state_dict()})
+    print("dcp parity: Python's dcp.load + set_state_dict of loom's directory into a fresh "
+          f"model and AdamW: {'the same state, bitwise' if not why else 'DIFFERENT: ' + why}")
+    if why:
+        raise SystemExit(f"dcp parity: dcp.load of loom's directory: {why}")
 
     # Refusals, each named.
     src = d / "model_optimizer"

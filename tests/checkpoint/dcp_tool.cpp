@@ -22,11 +22,21 @@
 int main(int argc, char** argv) {
   namespace dcp = loom::checkpoint::dcp;
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (!((mode == "to-torch" && argc == 4) || (mode == "rows" && argc == 6))) {
-    std::fprintf(stderr, "usage: loom_dcp_tool to-torch DIR OUT | rows DIR OUT RANK WORLD\n");
+  if (!((mode == "to-torch" && argc == 4) || (mode == "rows" && argc == 6) ||
+        (mode == "from-torch" && argc == 4))) {
+    std::fprintf(stderr,
+                 "usage: loom_dcp_tool to-torch DIR OUT | rows DIR OUT RANK WORLD | "
+                 "from-torch FILE DIR\n");
     return 2;
   }
   try {
+    if (mode == "from-torch") {
+      dcp::save(argv[3], loom::checkpoint::load_value(argv[2]));
+      const dcp::Metadata m = dcp::read_metadata(argv[3]);
+      std::printf("loom wrote %zu tensors and %zu objects of %s as the DCP directory %s\n",
+                  m.tensors.size(), m.objects.size(), argv[2], argv[3]);
+      return 0;
+    }
     const dcp::Metadata m = dcp::read_metadata(argv[2]);
     dcp::ReadCount read;
     dcp::RowsOf rows;

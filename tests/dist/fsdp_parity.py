@@ -102,7 +102,14 @@ def python_side(d, accumulate, clip, policy, checkpoint, dcp_at=0, load_from="",
         fully_shard(block, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, fused=True)
-    if load_from:  # a file loom wrote: its whole tensors, the optimizer keyed by ids
+    if load_from and Path(load_from).is_dir():  # a DCP directory loom wrote: dcp.load
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        msd, osd = get_state_dict(model, opt)
+        sd = {"model": msd, "optimizer": osd}
+        dcp.load(sd, checkpoint_id=load_from)
+        set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optimizer"])
+    elif load_from:  # a file loom wrote: its whole tensors, the optimizer keyed by ids
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
         ckpt = torch.load(load_from, weights_only=True)
         names = [name for name, _ in model.named_parameters()]
@@ -355,6 +362,67 @@ def dcp_checkpoints(worker, d, py, dcp_tool):
                              "DCP save differently from loom's file")
 
 
+def dcp_writes(worker, d, py):
+    """FsdpCheckpoint::Dcp: loom's Fsdp on 2 ranks writes a DCP directory at step 10 (each
+    rank its chunks, rank 0 the .metadata). Python's FSDP2 on 2 ranks loads it (dcp.load into
+    get_state_dict's templates, set_state_dict) and continues bitwise equal to its own 20
+    steps; dcp_to_torch_save makes one file of it holding loom's consolidated save of the same
+    step (the optimizer keyed by names); loom's Fsdp resumes it on 2 ranks bitwise, on 4 and 1
+    ranks as it resumes the consolidated file (dcp_checkpoints ran those)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    common = [f"dir={d}", f"samples={SAMPLES}", f"steps={STEPS}"]
+    half = STEPS // 2
+    torchrun(["--no-python", worker, *common, f"save_at={half}", "tag=fsdp_d", "dcp=1"],
+             WORLD, "loom fsdp saving a DCP directory at step 10", test="fsdp_parity")
+    out = d / "ckpt_fsdp_d.dcp"
+    files = sorted(p.name for p in out.iterdir())
+    if files != [".metadata", "__0_0.distcp", "__1_0.distcp"]:
+        raise SystemExit(f"fsdp_parity: loom's DCP directory holds {files}")
+    if not bitwise(py, ranks(d, "fsdp_d")):
+        raise SystemExit("fsdp_parity: the run that saved a DCP directory differs from Python's")
+    torchrun([__file__, "--role", "python", "--dir", str(d), "--load-from", str(out),
+              "--from-step", str(half), "--tag", "python_from_loom_dcp"], WORLD,
+             "Python FSDP2 resuming loom's DCP directory", attempts=3, test="fsdp_parity")
+    if not bitwise(py, ranks(d, "python_from_loom_dcp")):
+        raise SystemExit("fsdp_parity: Python's FSDP2 resumed loom's DCP directory and differs "
+                         "from its own 20 steps")
+    print(f"fsdp dcp write: loom Fsdp on 2 ranks wrote {out.name} ({', '.join(files)}) at step "
+          f"{half}; Python's FSDP2 on 2 ranks dcp.load + set_state_dict: bitwise equal to its "
+          f"own {STEPS} steps")
+    dcp_to_torch_save(str(out), str(d / "ckpt_fsdp_d.pt"))
+    got = torch.load(d / "ckpt_fsdp_d.pt", weights_only=False)
+    whole = torch.load(d / "ckpt_fsdp_a.pt", weights_only=True)  # consolidated, same step
+    names = [n for n in got["optimizer"]["param_groups"][0]["params"]]
+    osd = whole["optimizer"]
+    whole["optimizer"] = {
+        "state": {names[i]: v for i, v in osd["state"].items()},
+        "param_groups": [{**g, "params": [names[i] for i in g["params"]]}
+                         for g in osd["param_groups"]]}
+    def by_key(x):  # DCP's files keep no dict order
+        if isinstance(x, dict):
+            return {k: by_key(x[k]) for k in sorted(x, key=str)}
+        return [by_key(v) for v in x] if isinstance(x, list) else x
+    why = same_file(by_key(whole), by_key(got))
+    print("fsdp dcp write: dcp_to_torch_save of it: "
+          f"{'loom consolidated file of the same step, names for ids' if not why else 'DIFFERENT: ' + why}")
+    if why:
+        raise SystemExit(f"fsdp_parity: loom's DCP directory is not its consolidated save: {why}")
+    torchrun(["--no-python", worker, *common, f"load={out}", f"start={half}", "tag=dcp_loom2"],
+             WORLD, "loom fsdp resuming its DCP directory", test="fsdp_parity")
+    if not bitwise(py, ranks(d, "dcp_loom2")):
+        raise SystemExit("fsdp_parity: Fsdp resumed its own DCP directory and differs")
+    for tag, nproc in (("fsdp4", 4), ("fsdp1", 1)):
+        torchrun(["--no-python", worker, *common, f"load={out}", f"start={half}",
+                  f"tag=dcp_loom_{tag}"], nproc, f"loom fsdp on {nproc} resuming loom's DCP "
+                 "directory", test="fsdp_parity")
+        if not bitwise(launch.ranks(d, f"dcp_{tag}_file", nproc),
+                       launch.ranks(d, f"dcp_loom_{tag}", nproc)):
+            raise SystemExit(f"fsdp_parity: Fsdp on {nproc} resumed loom's DCP directory "
+                             "differently from the consolidated file")
+    print("fsdp dcp write: resumed by loom Fsdp on 2 ranks bitwise equal to Python's; on 4 and "
+          "1 as from the consolidated file (saved at 2, loaded at 1 and 4)")
+
+
 def sharded_checkpoints(worker, d, py):
     """FsdpCheckpoint::Sharded: each rank writes its pieces (rank 0 the main file with an
     index, rank 1 one file beside it). Resumed on 2 ranks it continues bitwise; Fsdp on 1,
@@ -480,7 +548,9 @@ def cuda_smoke(worker, d):
     nothing, so the two must be bitwise equal; bf16 param / f32 reduce runs beside; the peak
     of allocated bytes of each run is reported. Then the model built under loom::EmptyInit:
     its pieces allocated on the GPU, rt.reset_parameters under Fsdp on one rank must give the
-    values one process's seeded build gets (moved to the GPU)."""
+    values one process's seeded build gets (moved to the GPU). Last, a DCP directory written
+    from the GPU (FsdpCheckpoint::Dcp at step 10) and resumed on it: bitwise the straight
+    run."""
     import re
     d.mkdir(parents=True, exist_ok=True)
     write_inputs(d)
@@ -512,8 +582,19 @@ def cuda_smoke(worker, d):
     if not np.array_equal(seeded[0].view("<u4"), seeded[1].view("<u4")):
         raise SystemExit("dist cuda_fsdp: FAILED: an EmptyInit model reset under Fsdp on CUDA "
                          "differs from the seeded build")
+    half = STEPS // 2
+    torchrun(["--no-python", worker, *common, "strategy=fsdp", f"save_at={half}", "dcp=1",
+              "tag=cuda_dcp"], 1, "loom fsdp on CUDA saving a DCP directory", test="cuda_fsdp")
+    torchrun(["--no-python", worker, *common, "strategy=fsdp", f"load={d / 'ckpt_cuda_dcp.dcp'}",
+              f"start={half}", "tag=cuda_dcp_resumed"], 1, "loom fsdp on CUDA resuming it",
+             test="cuda_fsdp")
+    resumed = np.fromfile(d / "cuda_dcp_resumed_rank0.bin", dtype="<f4")
+    if not np.array_equal(resumed.view("<u4"), runs["fsdp"][0].view("<u4")):
+        raise SystemExit("dist cuda_fsdp: FAILED: the DCP directory written from the GPU and "
+                         "resumed differs from the straight run")
     print(f"dist cuda_fsdp: ok, {line}; EmptyInit + reset_parameters on CUDA: the seeded "
-          "build's values")
+          "build's values; a DCP directory saved at step 10 from the GPU and resumed: bitwise "
+          "the straight run")
 
 
 def expect_prefetch(out, tag):
@@ -588,6 +669,7 @@ def driver(worker, d, dcp_tool):
                 raise SystemExit(f"fsdp_parity: loom {tag}'s ranks differ ({what})")
     checkpoints(worker, d, py_true)
     dcp_checkpoints(worker, d, py_true, dcp_tool)
+    dcp_writes(worker, d, py_true)
     sharded_checkpoints(worker, d, py_true)
     empty_init(worker, d, py_true)
     print("dist fsdp: ok")

@@ -3,7 +3,7 @@
 //
 //   loom_fsdp_worker dir=DIR samples=N steps=S [strategy=fsdp|ddp] [accumulate=K] [clip=C]
 //                    [policy=bf16] [checkpoint=1] [reshard=0] [tag=NAME]
-//                    [save_at=I] [load=FILE start=I [resave=FILE]] [sharded=1]
+//                    [save_at=I] [load=FILE start=I [resave=FILE]] [sharded=1] [dcp=1]
 //                    [empty=1] [reset=SEED] [seed=SEED]
 //
 // Reads DIR/init.bin (the parameters, f32, in the module's order), DIR/x.bin (N x 15 f32) and
@@ -16,7 +16,8 @@
 // the optimizer) before step I, and the whole parameters then to DIR/TAG_saved_rankR.bin;
 // load=FILE: rt.load before the first step, which is `start`; with resave=FILE the loaded
 // state is saved again at once to FILE and the run ends; sharded=1: rt.save writes each rank's
-// pieces (FsdpCheckpoint::Sharded). empty=1: the model built under loom::EmptyInit (no values
+// pieces (FsdpCheckpoint::Sharded); dcp=1: a DCP directory (FsdpCheckpoint::Dcp), DIR/ckpt_TAG.dcp
+// for save_at. empty=1: the model built under loom::EmptyInit (no values
 // until load= or reset=); reset=SEED: rt.reset_parameters after setup, seeded; seed=SEED: the
 // model built normally with that seed instead of read from init.bin. strategy=single: one
 // process.
@@ -170,7 +171,8 @@ int train(S strategy) {
   };
   for (int step = first; step < steps; ++step) {
     if (step == save_at) {
-      rt.save(dir + "/ckpt_" + arg("tag", "loom") + ".pt", state);
+      const char* ext = arg("dcp", "0") == "1" ? ".dcp" : ".pt";
+      rt.save(dir + "/ckpt_" + arg("tag", "loom") + ext, state);
       write_whole(arg("tag", "loom") + "_saved");
     }
     opt.zero_grad();
@@ -224,6 +226,7 @@ int run() {
   loom::FsdpOptions options;
   options.reshard_after_forward = arg("reshard", "1") == "1";
   if (arg("sharded", "0") == "1") options.checkpoint = loom::FsdpCheckpoint::Sharded;
+  if (arg("dcp", "0") == "1") options.checkpoint = loom::FsdpCheckpoint::Dcp;
   if (arg("policy", "") == "bf16") {
     options.mixed_precision.param_dtype = at::kBFloat16;
     options.mixed_precision.reduce_dtype = at::kFloat;

@@ -14,6 +14,14 @@
 // does. The items are read with loom's torch.save reader (checkpoint/io.hpp), each from its own
 // byte range of its file. rt.load (TorchFile::load) reads a DCP directory given as the path;
 // loom::Fsdp's rt.load reads only the chunks of its rows (load with a RowsOf).
+//
+// Writing: save() writes a value as one process's DCP directory; loom::Fsdp with
+// FsdpCheckpoint::Dcp writes each rank's chunks (src/dist/fsdp_checkpoint.cpp) through the
+// pieces below: flatten (DCP's flatten_state_dict), write_items (one __R_0.distcp file),
+// metadata_bytes (the `.metadata` pickle, DCP's dataclasses as Python pickles them) and
+// publish (the staged directory renamed into place). Python's dcp.load reads the result into
+// a model and optimizer (get_state_dict / set_state_dict's layout: Fsdp keys an optimizer's
+// state by parameter names), and dcp_to_torch_save converts it to one file.
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -28,6 +36,8 @@
 #include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+
+#include <loom/checkpoint/checkpoint_io.hpp>
 
 namespace loom::checkpoint::dcp {
 
@@ -106,5 +116,58 @@ using RowsOf = std::function<std::optional<std::pair<int64_t, int64_t>>(
 /// byte ranges of its own rows). `count`, when given, says what was read.
 c10::IValue load(const std::filesystem::path& dir, c10::Device device, const RowsOf& rows_of,
                  ReadCount* count = nullptr);
+
+// ---- writing ------------------------------------------------------------------------------
+
+/// One item a writer lays out: a leaf of the state dict under its flattened key and path, a
+/// tensor (the chunk at `offsets` of a tensor of `size`) or any other value (an object).
+struct WriteItem {
+  std::string key;  // the path's steps joined by '.', as DCP flattens: "optim.state.w.step"
+  std::vector<PathStep> path;
+  c10::IValue value;
+  std::vector<int64_t> size;     // a tensor's whole size (flatten: its own)
+  std::vector<int64_t> offsets;  // where the chunk lies in it (flatten: zeros)
+};
+
+/// The leaves of `state` (a dict) as DCP's flatten_state_dict finds them: a dict is walked by
+/// its keys (an int key becomes its decimal string), a list that holds a tensor, a dict or
+/// such a list by its indices; any other value (a tuple, a list of scalars, a number, a
+/// string, None) is one object. Each tensor is whole. Two leaves of one key are a loom::Error.
+std::vector<WriteItem> flatten(const c10::IValue& state);
+
+/// An optimizer's state dict keyed by ids (optimizer.state_dict()'s layout) keyed by names
+/// instead, as Python's get_state_dict keys it: `names[id]` is the parameter's name ("state"
+/// and each param group's "params"). A dict that is no optimizer's is left as it is; an id
+/// without a name is a loom::Error.
+void key_by_names(c10::IValue& optimizer, const std::vector<std::string>& names);
+
+/// Writes the items' values one after another to `file` (a new file: each value the bytes
+/// of a torch.save file, tensors from the host), fsync'd when `options.sync`; gives where
+/// each lies, in the items' order.
+std::vector<StorageInfo> write_items(const std::filesystem::path& file,
+                                     const std::vector<WriteItem>& items,
+                                     const SaveOptions& options = {});
+
+/// The bytes of the `.metadata` file of `m` (DCP's metadata version 1.0.0: torch 2.11 and
+/// 2.15 read it). Every tensor's chunks must tile it (parse_metadata's checks, made here
+/// before anything is written: a loom::Error otherwise).
+std::string metadata_bytes(const Metadata& m);
+
+/// The directory a save of `dir` stages its files in ("DIR.partial-TAG" beside it).
+std::filesystem::path staging_dir(const std::filesystem::path& dir, const std::string& tag);
+
+/// Writes `metadata` as `staged`/.metadata, then puts `staged` in the place of `dir` by one
+/// rename (swapping it with an existing `dir`, file or directory, which is then removed): a
+/// reader sees the old checkpoint or the new one, never a mix. `options.sync` fsyncs the
+/// metadata, the staged directory and `dir`'s parent.
+void publish(const std::filesystem::path& staged, const std::filesystem::path& dir,
+             const Metadata& metadata, const SaveOptions& options = {});
+
+/// One process's DCP directory of `state` (a dict): every leaf (flatten) one item of
+/// `__0_0.distcp`, each tensor one chunk, written to a staged directory and published. The
+/// value is written as it is: an optimizer's state that Python's set_state_dict should load
+/// is keyed by names first (key_by_names).
+void save(const std::filesystem::path& dir, const c10::IValue& state,
+          const SaveOptions& options = {});
 
 }  // namespace loom::checkpoint::dcp

@@ -77,6 +77,14 @@ enum class FsdpCheckpoint {
   /// one file beside it (checkpoint/shards.hpp, format 2). Nothing is gathered; every strategy
   /// loads it at any world size, an Fsdp rank reading only the files that hold its rows.
   Sharded,
+  /// A torch.distributed.checkpoint directory at the path (checkpoint/dcp.hpp), as Python's
+  /// dcp.save of get_state_dict(model, optimizer) writes it: each rank the chunks of its
+  /// pieces in `__R_0.distcp`, rank 0 every other tensor and value and the `.metadata`; the
+  /// optimizer's state keyed by the parameters' names. Staged beside the path and renamed
+  /// into place. Python's dcp.load reads it into FSDP2 at any world size (and
+  /// dcp_to_torch_save makes one file of it); every loom strategy's rt.load reads it.
+  /// Written synchronously: an asynchronous save (Checkpoints' async) is a loom::Error.
+  Dcp,
 };
 
 /// loom::Fsdp's settings.
@@ -215,10 +223,11 @@ class Fsdp : public GroupDefaults<Fsdp> {
   /// the module and optimizer entries that is a piece (a parameter, an optimizer state of its
   /// shape) gathered whole on every rank, rank 0 writes; the same file SingleProcess and Ddp
   /// write. Sharded (FsdpCheckpoint::Sharded): each rank writes its pieces, rank 0 the main
-  /// file. Any strategy loads either at any world size. rt.load: any such file (of any
-  /// strategy, at any world size; Zero's sharded ones merged), each whole tensor cut to this
-  /// rank's piece; of a sharded Fsdp file, only this rank's rows are read, from the files that
-  /// hold them.
+  /// file. Dcp (FsdpCheckpoint::Dcp): a DCP directory, each rank its chunks. Any strategy
+  /// loads each at any world size. rt.load: any such file (of any
+  /// strategy, at any world size; Zero's sharded ones merged) or DCP directory (loom's or
+  /// Python's), each whole tensor cut to this rank's piece; of a sharded Fsdp file or a DCP
+  /// directory, only this rank's rows are read, from the files that hold them.
   void save_checkpoint(const std::filesystem::path& path, const State& state,
                        const checkpoint::CheckpointIO& io);
   c10::IValue load_checkpoint(const std::filesystem::path& path, const State& state,

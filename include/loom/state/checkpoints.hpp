@@ -66,7 +66,8 @@ struct CheckpointSaveOptions {
 ///   }
 ///
 /// Files: DIR/step-N.pt (N without padding), DIR/latest (one line, "step-N.pt"), and under
-/// loom::Zero's sharded checkpoints each rank's DIR/step-N.TAG.shard-R-of-W.pt. Under a
+/// loom::Zero's sharded checkpoints each rank's DIR/step-N.TAG.shard-R-of-W.pt. Under
+/// FsdpCheckpoint::Dcp, DIR/step-N.pt is a DCP directory (checkpoint/dcp.hpp). Under a
 /// distributed strategy every rank calls save and resume; rank 0 writes, prunes and moves
 /// `latest` after every rank knows the checkpoint is written.
 class Checkpoints {
@@ -85,15 +86,17 @@ class Checkpoints {
     return dir_ / ("step-" + std::to_string(step) + ".pt");
   }
 
-  /// The steps with a checkpoint file in the directory, oldest first (files that do not
-  /// match step-N.pt, such as a killed save's temporary file, and what is not a regular
-  /// file are ignored).
+  /// The steps with a checkpoint in the directory, oldest first: a file step-N.pt, or a
+  /// directory step-N.pt holding a DCP `.metadata` (files that do not match step-N.pt, such
+  /// as a killed save's temporary file, and other directories are ignored).
   std::vector<std::int64_t> steps() const {
     std::vector<std::int64_t> found;
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
       std::error_code type_ec;
-      if (!e.is_regular_file(type_ec)) continue;  // a directory of that name is no checkpoint
+      const bool dcp = e.is_directory(type_ec) &&
+                       std::filesystem::is_regular_file(e.path() / ".metadata", type_ec);
+      if (!e.is_regular_file(type_ec) && !dcp) continue;  // another directory is no checkpoint
       if (auto step = step_of(e.path().filename().string())) found.push_back(*step);
     }
     std::sort(found.begin(), found.end());
@@ -263,12 +266,19 @@ class Checkpoints {
 
   /// Removes the temporary files of saves killed while writing (checkpoint/io.hpp writes
   /// .NAME.tmp.PID beside NAME, then renames it): .step-N.pt.tmp.PID and the shard files'
-  /// .step-N.TAG.shard-R-of-W.pt.tmp.PID.
+  /// .step-N.TAG.shard-R-of-W.pt.tmp.PID; and a DCP save's staged directory
+  /// (.step-N.pt.partial-TAG, checkpoint/dcp.hpp).
   void remove_leftovers() const {
     std::error_code ec;
     std::vector<std::filesystem::path> leftovers;
     for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
       const std::string name = e.path().filename().string();
+      const auto partial = name.rfind(".partial-");
+      if (name.size() > 1 && name[0] == '.' && partial != std::string::npos &&
+          step_of(name.substr(1, partial - 1))) {
+        leftovers.push_back(e.path());
+        continue;
+      }
       const auto tmp = name.rfind(".tmp.");
       if (name.size() < 2 || name[0] != '.' || tmp == std::string::npos) continue;
       const std::string target = name.substr(1, tmp - 1);
@@ -281,7 +291,7 @@ class Checkpoints {
       if (step_file || shard_file) leftovers.push_back(e.path());
     }
     for (const auto& f : leftovers) {
-      std::filesystem::remove(f, ec);
+      std::filesystem::remove_all(f, ec);
       if (!ec) TORCH_WARN("loom::Checkpoints: removed ", f.string(), ", left by a killed save");
     }
   }
@@ -320,7 +330,7 @@ class Checkpoints {
       const bool milestone = options_.keep_every > 0 && s % options_.keep_every == 0;
       if (recent || milestone || s == newest) continue;
       std::error_code ec;
-      std::filesystem::remove(path(s), ec);
+      std::filesystem::remove_all(path(s), ec);  // a file, or a DCP directory
       remove_companions(s);
     }
   }

@@ -17,6 +17,7 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
+#include <loom/checkpoint/dcp.hpp>
 #include <loom/checkpoint/io.hpp>
 #include <loom/checkpoint/shards.hpp>
 #include <loom/loom.hpp>
@@ -458,4 +459,54 @@ TEST_CASE("Snapshot copies every storage once, views keep sharing, the copy is t
   CHECK(n.storage_offset() == 2);
   CHECK(n.equal(at::tensor({2.f, 3.f, 4.f})));
   CHECK(copy.at("step").toInt() == 7);
+}
+
+TEST_CASE("Checkpoints keeps DCP directories as it keeps files, and removes a killed save's",
+          "[checkpoint][directory][dcp]") {
+  TempDir tmp;
+  const auto dir = tmp.path / "run";
+  ToyRun run;
+  auto& [rt, model, opt, state] = run;
+  loom::Checkpoints ckpt(dir, {.keep_last = 2});
+  // Step 1 a file; steps 2 and 3 DCP directories (what FsdpCheckpoint::Dcp writes), each
+  // written by dcp::save from the file rt.save wrote (an optimizer keyed by ids, its empty
+  // state gone in the flattening: the load makes both what optimizer.state_dict() gives).
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    set_step(model, step);
+    ckpt.save(rt, step, state, {.sync = false});
+    if (step == 1) continue;
+    const auto file = ckpt.path(step);
+    const c10::IValue value = loom::checkpoint::load_value(file);
+    fs::remove(file);
+    loom::checkpoint::dcp::save(file, value);
+    REQUIRE(fs::is_directory(file));
+    REQUIRE(fs::exists(file / ".metadata"));
+  }
+  CHECK(ckpt.steps() == std::vector<std::int64_t>{2, 3});  // step 1's file pruned
+  // A save killed while writing leaves its staged directory; resume removes it, saying so.
+  fs::create_directories(dir / ".step-4.pt.partial-00ab");
+  std::ofstream(dir / ".step-4.pt.partial-00ab" / "__0_0.distcp") << "part of a save";
+  fs::create_directories(dir / "notes");  // another directory: no checkpoint, kept
+  set_step(model, -1);
+  loom::testing::WarningCatcher warnings;
+  CHECK(ckpt.resume(rt, state) == 3);
+  CHECK(model->weight.eq(3).all().item<bool>());
+  CHECK_FALSE(fs::exists(dir / ".step-4.pt.partial-00ab"));
+  CHECK(fs::exists(dir / "notes"));
+  REQUIRE(warnings.messages.size() == 1);
+  CHECK_THAT(warnings.messages[0], Contains(".step-4.pt.partial-00ab"));
+  // Pruning removes a directory whole.
+  set_step(model, 4);
+  ckpt.save(rt, 4, state, {.sync = false});
+  CHECK(ckpt.steps() == std::vector<std::int64_t>{3, 4});
+  CHECK_FALSE(fs::exists(dir / "step-2.pt"));
+  CHECK(fs::is_directory(dir / "step-3.pt"));
+  // A DCP directory saved over the file of its path replaces it whole (one rename).
+  const c10::IValue four = loom::checkpoint::load_value(ckpt.path(4));
+  loom::checkpoint::dcp::save(ckpt.path(4), four);
+  CHECK(fs::is_directory(ckpt.path(4)));
+  CHECK(std::distance(fs::directory_iterator(dir), fs::directory_iterator()) == 4);
+  set_step(model, -1);
+  CHECK(ckpt.resume(rt, state) == 4);
+  CHECK(model->weight.eq(4).all().item<bool>());
 }
