@@ -220,7 +220,8 @@ class MetadataPickler {
     string("properties");
     object("TensorProperties");
     // TensorProperties.__setstate__'s tuple: dtype, layout, requires_grad, memory format
-    // (its encoding: 0, contiguous), pin_memory (the 5-tuple torch 2.11 and 2.15 both read).
+    // (its encoding: 0, contiguous), pin_memory (the 5-tuple without strides; torch 2.15 reads 5 or
+    // 6).
     put('(');
     const detail::DtypeName* dtype = detail::dtype_name(t.dtype);
     if (dtype == nullptr) {

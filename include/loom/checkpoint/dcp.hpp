@@ -148,8 +148,8 @@ std::vector<StorageInfo> write_items(const std::filesystem::path& file,
                                      const std::vector<WriteItem>& items,
                                      const SaveOptions& options = {});
 
-/// The bytes of the `.metadata` file of `m` (DCP's metadata version 1.0.0: torch 2.11 and
-/// 2.15 read it). Every tensor's chunks must tile it (parse_metadata's checks, made here
+/// The bytes of the `.metadata` file of `m` (DCP's metadata version 1.0.0, tested with torch
+/// 2.15). Every tensor's chunks must tile it (parse_metadata's checks, made here
 /// before anything is written: a loom::Error otherwise).
 std::string metadata_bytes(const Metadata& m);
 
