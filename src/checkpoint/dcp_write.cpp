@@ -375,6 +375,21 @@ std::vector<StorageInfo> write_items(const std::filesystem::path& file,
   return out;
 }
 
+void describe(Metadata& m, const std::vector<WriteItem>& items,
+              const std::vector<StorageInfo>& where) {
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const WriteItem& item = items[i];
+    if (!item.value.isTensor()) {
+      m.objects.emplace(item.key, where[i]);
+      continue;
+    }
+    TensorEntry& t = m.tensors[item.key];
+    t.dtype = item.value.toTensor().scalar_type();
+    t.size = item.size;
+    t.chunks.push_back(Chunk{item.offsets, item.value.toTensor().sizes().vec(), where[i]});
+  }
+}
+
 std::string metadata_bytes(const Metadata& m) {
   std::string bytes = MetadataPickler().pickle(m);
   (void)parse_metadata(bytes, "the metadata being written");  // its checks: chunks tile, ...
@@ -429,18 +444,8 @@ void save(const std::filesystem::path& dir, const c10::IValue& state, const Save
     const auto where = write_items(staged / "__0_0.distcp", items, options);
     Metadata m;
     m.version = "1.0.0";
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      const WriteItem& item = items[i];
-      m.paths.emplace(item.key, item.path);
-      if (item.value.isTensor()) {
-        TensorEntry& t = m.tensors[item.key];
-        t.dtype = item.value.toTensor().scalar_type();
-        t.size = item.size;
-        t.chunks.push_back(Chunk{item.offsets, item.value.toTensor().sizes().vec(), where[i]});
-      } else {
-        m.objects.emplace(item.key, where[i]);
-      }
-    }
+    for (const auto& item : items) m.paths.emplace(item.key, item.path);
+    describe(m, items, where);
     publish(staged, dir, m, options);
   } catch (...) {
     std::filesystem::remove_all(staged, ec);

@@ -137,6 +137,11 @@ checkpoint::dcp::RowsOf dcp_rows(const State& state,
   };
 }
 
+/// Whether `t` has the shape of this rank's piece of `f` (a slot rt.save fills).
+bool piece_shaped(const at::Tensor& t, const FsdpParam& f) {
+  return t.sizes().vec() == f.shape(f.local);
+}
+
 std::unordered_map<const void*, FsdpParam*> by_impl(const std::vector<FsdpParam*>& order) {
   std::unordered_map<const void*, FsdpParam*> out;
   for (auto* f : order) out.emplace(f->param.unsafeGetTensorImpl(), f);
@@ -173,10 +178,7 @@ void save_dcp(ProcessGroup& group, const std::filesystem::path& path, const Stat
   // Which of the value's tensors are pieces (by their TensorImpl: the same tensors stay in the
   // value when the optimizer's keys become names).
   std::unordered_map<const void*, FsdpParam*> pieces;
-  for (const auto& slot :
-       slots(state, top, by_impl(order), [](const at::Tensor&t, const FsdpParam&f) {
-         return t.sizes().vec() == f.shape(f.local);
-       })) {
+  for (const auto& slot : slots(state, top, by_impl(order), piece_shaped)) {
     pieces.emplace(slot.dict.at(slot.key).toTensor().unsafeGetTensorImpl(), slot.param);
   }
   std::unordered_map<const void*, std::string> names;  // a module entry's parameter -> name
@@ -261,17 +263,7 @@ void save_dcp(ProcessGroup& group, const std::filesystem::path& path, const Stat
       dcp::Metadata m;
       m.version = "1.0.0";
       for (const auto& item : items) m.paths.emplace(item.key, item.path);
-      for (std::size_t i = 0; i < mine.size(); ++i) {
-        const auto& item = mine[i];
-        if (!item.value.isTensor()) {
-          m.objects.emplace(item.key, where[i]);
-          continue;
-        }
-        auto& t = m.tensors[item.key];
-        t.dtype = item.value.toTensor().scalar_type();
-        t.size = item.size;
-        t.chunks.push_back(dcp::Chunk{item.offsets, item.value.toTensor().sizes().vec(), where[i]});
-      }
+      dcp::describe(m, mine, where);
       for (const auto& list : others) {
         for (const auto& r : list.toListRef()) {
           const auto e = r.toListRef();
@@ -301,9 +293,7 @@ void Fsdp::save_sharded(const std::filesystem::path& path, const State& state,
                         const checkpoint::CheckpointIO& io) {
   auto& s = *state_;
   const state::Dict top = state::save_entries(state);
-  const auto found = slots(
-      state, top, by_impl(s.order),
-      [](const at::Tensor& t, const FsdpParam& f) { return t.sizes().vec() == f.shape(f.local); });
+  const auto found = slots(state, top, by_impl(s.order), piece_shaped);
   checkpoint::ShardIndex index;
   index.format = 2;
   std::vector<at::Tensor> pieces;
@@ -337,9 +327,7 @@ void Fsdp::save_checkpoint(const std::filesystem::path& path, const State& state
   // The consolidated file (FSDP2's full state dict): every sharded tensor gathered whole, on
   // every rank, rank 0 writes. The same file as SingleProcess and Ddp write of the model.
   const state::Dict top = state::save_entries(state);
-  const auto found = slots(
-      state, top, by_impl(s.order),
-      [](const at::Tensor& t, const FsdpParam& f) { return t.sizes().vec() == f.shape(f.local); });
+  const auto found = slots(state, top, by_impl(s.order), piece_shaped);
   std::vector<std::pair<FsdpParam*, at::Tensor>> pieces;
   pieces.reserve(found.size());
   for (const auto& slot : found) pieces.emplace_back(slot.param, slot.dict.at(slot.key).toTensor());

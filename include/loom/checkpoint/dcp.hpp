@@ -148,6 +148,11 @@ std::vector<StorageInfo> write_items(const std::filesystem::path& file,
                                      const std::vector<WriteItem>& items,
                                      const SaveOptions& options = {});
 
+/// Adds what `items` are and where `write_items` put them (`where`, in the same order) to `m`:
+/// a tensor item one chunk of its key's tensor, any other item an object.
+void describe(Metadata& m, const std::vector<WriteItem>& items,
+              const std::vector<StorageInfo>& where);
+
 /// The bytes of the `.metadata` file of `m` (DCP's metadata version 1.0.0, tested with torch
 /// 2.15). Every tensor's chunks must tile it (parse_metadata's checks, made here
 /// before anything is written: a loom::Error otherwise).
