@@ -185,9 +185,17 @@ c10::IValue load(const std::filesystem::path& dir, c10::Device device) {
 }
 
 c10::IValue load(const std::filesystem::path& dir, c10::Device device, const RowsOf& rows_of,
-                 ReadCount* count) {
+                 ReadCount* count, const Skip& skip) {
   ReadCount read;
-  const Metadata m = read_metadata(dir);
+  Metadata m = read_metadata(dir);
+  if (skip) {
+    auto skipped = [&](const std::string& key) {
+      const auto it = m.paths.find(key);
+      return skip(it != m.paths.end() ? it->second : std::vector<PathStep>{key});
+    };
+    std::erase_if(m.tensors, [&](const auto& item) { return skipped(item.first); });
+    std::erase_if(m.objects, [&](const auto& item) { return skipped(item.first); });
+  }
   // Every chunk's item holds at least the chunk's bytes and lies inside its file: checked
   // before any tensor is allocated, so a metadata that claims more than the files hold is an
   // error naming the key, not an allocation of what it claims.

@@ -10,6 +10,7 @@
 #include <exception>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -165,15 +166,24 @@ c10::IValue chunk_record(const checkpoint::dcp::WriteItem& item,
   return out;
 }
 
-/// FsdpCheckpoint::Dcp's save: the value rt.save writes, its optimizer entries keyed by the
-/// parameters' names, flattened as DCP flattens; each rank writes the chunks of its pieces
-/// (its rows, at their offsets in the whole tensor) to `__R_0.distcp` in a directory staged
-/// beside `path`, rank 0 also every other tensor (whole) and value; rank 0 learns where the
-/// other ranks' chunks lie, writes the `.metadata` and renames the directory into place.
-void save_dcp(ProcessGroup& group, const std::filesystem::path& path, const State& state,
-              const std::vector<FsdpParam*>& order) {
+/// A DCP save laid out: every item's key and path (for the `.metadata`), what this rank
+/// writes, and where.
+struct DcpSave {
+  std::map<std::string, std::vector<checkpoint::dcp::PathStep>> paths;
+  std::vector<checkpoint::dcp::WriteItem> mine;
+  std::filesystem::path path, staged;
+  std::string file;  // this rank's, in `staged`
+};
+
+/// FsdpCheckpoint::Dcp's save, its first part (on the strategy's group): the value rt.save
+/// writes, its optimizer entries keyed by the parameters' names, flattened as DCP flattens;
+/// this rank's items: the chunks of its pieces (its rows, at their offsets in the whole
+/// tensor), and on rank 0 also every other tensor (whole) and value; the directory staged
+/// beside `path`, named by rank 0.
+DcpSave plan_dcp(ProcessGroup& group, const std::filesystem::path& path, const State& state,
+                 const std::vector<FsdpParam*>& order) {
   namespace dcp = checkpoint::dcp;
-  const int rank = group.rank(), world = group.world_size();
+  const int rank = group.rank();
   state::Dict top = state::save_entries(state);
   // Which of the value's tensors are pieces (by their TensorImpl: the same tensors stay in the
   // value when the optimizer's keys become names).
@@ -206,22 +216,22 @@ void save_dcp(ProcessGroup& group, const std::filesystem::path& path, const Stat
     c10::IValue optimizer = top.at(key);
     dcp::key_by_names(optimizer, by_id);
   }
-  const std::vector<dcp::WriteItem> items = dcp::flatten(c10::IValue(top));
-  std::vector<dcp::WriteItem> mine;  // what this rank writes
-  for (const auto& item : items) {
+  DcpSave out;
+  out.path = path;
+  for (auto& item : dcp::flatten(c10::IValue(top))) {
+    out.paths.emplace(item.key, item.path);
     const auto it = item.value.isTensor() ? pieces.find(item.value.toTensor().unsafeGetTensorImpl())
                                           : pieces.end();
     if (it == pieces.end()) {
-      if (rank == 0) mine.push_back(item);  // whole, once
+      if (rank == 0) out.mine.push_back(std::move(item));  // whole, once
       continue;
     }
     const FsdpParam& f = *it->second;
     if (f.local == 0) continue;  // a rank past the last row holds nothing of it
-    dcp::WriteItem chunk = item;
-    chunk.size = f.sizes;
-    chunk.offsets.assign(f.sizes.size(), 0);
-    chunk.offsets[0] = std::min(rank * f.chunk, f.sizes[0]);
-    mine.push_back(std::move(chunk));
+    item.size = f.sizes;
+    item.offsets.assign(f.sizes.size(), 0);
+    item.offsets[0] = std::min(rank * f.chunk, f.sizes[0]);
+    out.mine.push_back(std::move(item));
   }
   std::string tag;
   try {
@@ -229,18 +239,30 @@ void save_dcp(ProcessGroup& group, const std::filesystem::path& path, const Stat
   } catch (...) {
     group.fail("the DCP save's name", std::current_exception());
   }
-  const auto staged = dcp::staging_dir(path, tag);
-  const std::string file = "__" + std::to_string(rank) + "_0.distcp";
-  loom::detail::agree_on(group, std::string(who) + ": creating " + staged.string(), [&] {
+  out.staged = dcp::staging_dir(path, tag);
+  out.file = "__" + std::to_string(rank) + "_0.distcp";
+  loom::detail::agree_on(group, std::string(who) + ": creating " + out.staged.string(), [&] {
     if (rank != 0) return;
     std::error_code ec;
-    std::filesystem::create_directories(staged, ec);
-    if (ec) throw Error("cannot create " + staged.string() + ": " + ec.message());
+    std::filesystem::create_directories(out.staged, ec);
+    if (ec) throw Error("cannot create " + out.staged.string() + ": " + ec.message());
   });
+  return out;
+}
+
+/// FsdpCheckpoint::Dcp's save, its second part (on `group`: the strategy's, or the group of
+/// an asynchronous save's thread): each rank writes its items to its `__R_0.distcp`; rank 0
+/// learns where the other ranks' chunks lie, writes the `.metadata` and renames the directory
+/// into place. A failure on any rank is every rank's, and removes the staged directory.
+void write_dcp(ProcessGroup& group, const DcpSave& plan, const checkpoint::SaveOptions& options) {
+  namespace dcp = checkpoint::dcp;
+  const int rank = group.rank(), world = group.world_size();
+  const auto& mine = plan.mine;
   try {
     std::vector<dcp::StorageInfo> where;
-    loom::detail::agree_on(group, std::string(who) + ": writing " + (staged / file).string(), [&] {
-      if (!mine.empty()) where = dcp::write_items(staged / file, mine);
+    const auto file = plan.staged / plan.file;
+    loom::detail::agree_on(group, std::string(who) + ": writing " + file.string(), [&] {
+      if (!mine.empty()) where = dcp::write_items(file, mine, options);
     });
     // Where every other rank's chunks lie, told to rank 0.
     c10::impl::GenericList records(c10::AnyType::get());
@@ -258,11 +280,11 @@ void save_dcp(ProcessGroup& group, const std::filesystem::path& path, const Stat
     } catch (...) {
       group.fail("telling rank 0 where the DCP chunks lie", std::current_exception());
     }
-    loom::detail::agree_on(group, std::string(who) + ": publishing " + path.string(), [&] {
+    loom::detail::agree_on(group, std::string(who) + ": publishing " + plan.path.string(), [&] {
       if (rank != 0) return;
       dcp::Metadata m;
       m.version = "1.0.0";
-      for (const auto& item : items) m.paths.emplace(item.key, item.path);
+      m.paths = plan.paths;
       dcp::describe(m, mine, where);
       for (const auto& list : others) {
         for (const auto& r : list.toListRef()) {
@@ -276,12 +298,12 @@ void save_dcp(ProcessGroup& group, const std::filesystem::path& path, const Stat
                                           static_cast<uint64_t>(e[7].toInt())}});
         }
       }
-      dcp::publish(staged, path, m);
+      dcp::publish(plan.staged, plan.path, m, options);
     });
   } catch (...) {
     if (rank == 0) {
       std::error_code ec;
-      std::filesystem::remove_all(staged, ec);
+      std::filesystem::remove_all(plan.staged, ec);
     }
     throw;
   }
@@ -312,12 +334,32 @@ void Fsdp::save_checkpoint(const std::filesystem::path& path, const State& state
   auto& s = *state_;
   check_step_ready();  // every unit's pieces on its parameters
   if (s.options.checkpoint == FsdpCheckpoint::Dcp) {
-    if (dynamic_cast<const checkpoint::AsyncFile*>(&io) != nullptr) {
-      throw Error(std::string(who) +
-                  ": FsdpCheckpoint::Dcp writes synchronously; save without async, or choose "
-                  "another FsdpCheckpoint for asynchronous saves");
+    DcpSave plan = plan_dcp(group_, path, state, s.order);
+    const auto* async = dynamic_cast<const checkpoint::AsyncFile*>(&io);
+    if (async == nullptr) {
+      write_dcp(group_, plan, checkpoint::SaveOptions{});
+      return;
     }
-    save_dcp(group_, path, state, s.order);
+    // Asynchronous (Checkpoints' {.async = true}): this rank's items copied now, written in
+    // the writer's thread, whose collectives run on a gloo group of their own (made at the
+    // first such save), as Python's dcp.async_save runs on one.
+    if (!s.saves || s.saves->failed()) {
+      try {
+        s.saves = detail::side_group(group_, "asynchronous DCP saves");
+      } catch (...) {
+        group_.fail("making the group of asynchronous DCP saves", std::current_exception());
+      }
+    }
+    c10::impl::GenericList values(c10::AnyType::get());  // the live ones, copied by run()
+    for (auto& item : plan.mine) values.push_back(std::exchange(item.value, c10::IValue()));
+    checkpoint::AsyncWriter& writer = async->writer();
+    auto shared = std::make_shared<DcpSave>(std::move(plan));
+    writer.run(values,
+               [shared, group = s.saves, options = writer.options()](const c10::IValue& copy) {
+                 const auto list = copy.toListRef();
+                 for (std::size_t i = 0; i < list.size(); ++i) shared->mine[i].value = list[i];
+                 write_dcp(*group, *shared, options);
+               });
     return;
   }
   if (s.options.checkpoint == FsdpCheckpoint::Sharded && group_.world_size() > 1) {

@@ -88,6 +88,9 @@ struct FsdpState {
   std::vector<Unit*> forward_order;          // the units below the root, as this forward ran them
   std::vector<Unit*> last_order;             // and as the forward before it did (forward prefetch)
   Unit* in_flight = nullptr;                 // the unit whose reduce-scatter is in flight
+  // The gloo group whose collectives an asynchronous DCP save's thread runs (made at the first
+  // one; its thread holds it too, so it outlives the strategy until the write is done).
+  std::shared_ptr<ProcessGroup> saves;
 
   ~FsdpState();
 };

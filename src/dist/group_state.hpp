@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -33,6 +35,8 @@ struct GroupState {
   bool connect_called = false;
   bool failed = false;
   bool torn_down = false;
+  /// The side groups made from this one (side_group): each store prefix is new.
+  int side_groups = 0;
   /// What else holds the group and must be dropped with it, not destroyed, after a failure
   /// (Ddp: its reducer and the reducer's logger).
   std::function<void()> on_abandon;
@@ -54,6 +58,13 @@ struct GroupState {
     store.reset();
   }
 };
+
+/// A second group of `main`'s ranks on `main`'s store, gloo on the CPU, for collectives that a
+/// thread of its own runs while the main group's go on (Python's new_group(backend="gloo") for
+/// dcp.async_save): the ranks make it together, as a collective. Errors name `main`'s
+/// strategy and `purpose`. Unconnected when `main` is (one process: its collectives do
+/// nothing).
+std::shared_ptr<ProcessGroup> side_group(ProcessGroup& main, std::string_view purpose);
 
 /// A collective in flight.
 class Work {

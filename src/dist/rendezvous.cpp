@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -134,6 +135,33 @@ void connect_process_group(detail::GroupState& s, const c10::intrusive_ptr<c10d:
   } catch (...) {
     throw_failure(s, "connecting the " + s.backend + " process group", std::current_exception());
   }
+}
+
+std::shared_ptr<ProcessGroup> side_group(ProcessGroup& main, std::string_view purpose) {
+  auto& m = main.state();
+  GroupOptions options = m.options;
+  options.backend = "gloo";
+  options.exit_with_agent = false;  // the main group asked already
+  auto out = std::make_shared<ProcessGroup>(m.name + " (" + std::string(purpose) + ")", options);
+  auto& s = out->state();
+  choose_backend(s, c10::Device(c10::kCPU), "gloo");
+  s.connect_called = true;
+  if (!main.connected()) return out;
+  s.store = m.store;
+  const std::string prefix = "loom_side_" + std::to_string(m.side_groups++) + "/";
+  try {
+    auto group_store = c10::make_intrusive<c10d::PrefixStore>(prefix, m.store);
+    s.group = c10::make_intrusive<c10d::ProcessGroup>(group_store, s.env.rank, s.env.world_size);
+    auto b = detail::make_gloo(c10::make_intrusive<c10d::PrefixStore>("cpu/", group_store),
+                               s.env.rank, s.env.world_size, s.options.timeout);
+    s.group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+    s.group->setBackend(c10::kCPU, c10d::ProcessGroup::BackendType::GLOO, b);
+    s.group->setGroupName(prefix);
+  } catch (...) {
+    throw_failure(s, "connecting the gloo process group for " + std::string(purpose),
+                  std::current_exception());
+  }
+  return out;
 }
 
 }  // namespace detail

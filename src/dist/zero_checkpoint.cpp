@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,10 +14,12 @@
 #include <ATen/core/Dict.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <loom/checkpoint/dcp.hpp>
 #include <loom/checkpoint/mapped.hpp>
 #include <loom/checkpoint/shards.hpp>
 #include <loom/detail/agree_on_failure.hpp>
 #include <loom/error.hpp>
+#include <loom/state/entry.hpp>
 
 #include "../state/optimizer_shards.hpp"
 #include "group_state.hpp"
@@ -57,6 +60,41 @@ std::vector<c10::IValue> gather_on_zero(detail::GroupState& s, int rank, int wor
     out.push_back(torch::jit::pickle_load(std::vector<char>(first, first + n)));
   }
   return out;
+}
+
+/// Which items of a DCP directory are optimizer states of parameters another rank owns (an
+/// optimizer entry's "state", keyed by the parameter's name as get_state_dict keys it, or by
+/// its id as optimizer.state_dict() does): this rank does not read them.
+checkpoint::dcp::Skip others_states(const State& state, const detail::ZeroState& z, int rank) {
+  std::map<std::string, std::map<std::string, bool>> theirs;  // entry -> name or id -> not ours
+  std::map<std::string, bool> names;                          // over every module entry
+  auto not_ours = [&](const at::Tensor& p) {
+    const auto it = z.owner_of.find(p.unsafeGetTensorImpl());
+    return it != z.owner_of.end() && it->second != rank;
+  };
+  for (const StateEntry& e : state) {
+    if (e.module() == nullptr) continue;
+    for (const auto& item : e.module()->named_parameters(/*recurse=*/true)) {
+      names.emplace(item.key(), not_ours(item.value()));
+    }
+  }
+  for (const StateEntry& e : state) {
+    if (e.optimizer() == nullptr) continue;
+    auto& keys = theirs[std::string(e.name())];
+    keys = names;
+    int64_t id = 0;
+    for (const auto& group : e.optimizer()->param_groups()) {
+      for (const auto& p : group.params()) keys.emplace(std::to_string(id++), not_ours(p));
+    }
+  }
+  return [theirs](const std::vector<checkpoint::dcp::PathStep>& path) {
+    auto name = [&](std::size_t i) { return std::get_if<std::string>(&path[i]); };
+    if (path.size() < 3 || !name(0) || !name(1) || *name(1) != "state" || !name(2)) return false;
+    const auto entry = theirs.find(*name(0));
+    if (entry == theirs.end()) return false;
+    const auto it = entry->second.find(*name(2));
+    return it != entry->second.end() && it->second;
+  };
 }
 
 }  // namespace
@@ -135,7 +173,13 @@ c10::IValue Zero::load_checkpoint(const std::filesystem::path& path, const State
     // Every CRC-32 checked here, inside the agreement (not as rt.load copies the tensors): a
     // corrupted shard fails every rank.
     checkpoint::DeferredChecks checks;
-    value = io.load(path, device);
+    if (checkpoint::dcp::is_checkpoint(path)) {
+      // Python's DCP directory: of the optimizers' states only those of this rank's parameters.
+      value =
+          checkpoint::dcp::load(path, device, nullptr, nullptr, others_states(state, z, rank()));
+    } else {
+      value = io.load(path, device);
+    }
     if (checkpoint::has_shard_index(value)) {
       const auto index = checkpoint::shard_index(value, path);
       bool same = index.world_size == world_size() && index.owners.size() == z.params.size() &&

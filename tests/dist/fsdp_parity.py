@@ -344,15 +344,18 @@ def dcp_checkpoints(worker, d, py, dcp_tool):
     dcp_rows(dcp_tool, d, dcp_dir)
     ckpt = d / "ckpt_fsdp_a.pt"  # loom's consolidated file of the same step
     for tag, nproc, strategy in (("fsdp4", 4, "fsdp"), ("fsdp1", 1, "fsdp"),
-                                 ("ddp2", 2, "ddp"), ("single", 0, "single")):
+                                 ("ddp2", 2, "ddp"), ("zero2", 2, "zero"),
+                                 ("single", 0, "single")):
         launcher = ["--no-python"] if nproc else []
         runs = []
         for source, path in (("dcp", dcp_dir), ("file", ckpt)):
-            torchrun([*launcher, worker, *common, f"strategy={strategy}", f"load={path}",
-                      f"start={half}", f"tag=dcp_{tag}_{source}"], nproc,
-                     f"loom {strategy} on {max(nproc, 1)} resuming the {source}",
-                     test="fsdp_parity")
+            out = torchrun([*launcher, worker, *common, f"strategy={strategy}", f"load={path}",
+                            f"start={half}", f"tag=dcp_{tag}_{source}"], nproc,
+                           f"loom {strategy} on {max(nproc, 1)} resuming the {source}",
+                           test="fsdp_parity")
             runs.append(launch.ranks(d, f"dcp_{tag}_{source}", max(nproc, 1)))
+            if strategy == "zero" and source == "dcp":
+                zero_reads_its_states(out, nproc)
         same = bitwise(runs[0], runs[1])
         print(f"fsdp dcp: resumed by loom {strategy} on {max(nproc, 1)} rank(s): "
               f"{'bitwise equal' if same else 'NOT bitwise equal'} to resuming loom's "
@@ -360,6 +363,23 @@ def dcp_checkpoints(worker, d, py, dcp_tool):
         if not same:
             raise SystemExit(f"fsdp_parity: {strategy} on {max(nproc, 1)} resumed Python's "
                              "DCP save differently from loom's file")
+
+
+def zero_reads_its_states(out, nproc):
+    """A loom::Zero rank reads of a DCP directory only the optimizer states of the parameters it
+    owns: after rt.load each rank holds fewer than all, and together every one, once."""
+    import re
+    counts = [tuple(map(int, m)) for m in re.findall(
+        r"optimizer states after load: (\d+) of (\d+)", out)]
+    if len(counts) != nproc:
+        raise SystemExit(f"fsdp_parity: {len(counts)} Zero ranks said what they loaded: {out}")
+    total = counts[0][1]
+    held = [c for c, _ in counts]
+    if sum(held) != total or max(held) >= total:
+        raise SystemExit(f"fsdp_parity: Zero's ranks loaded {held} optimizer states of {total} "
+                         "from the DCP directory; each should read only those it owns")
+    print(f"fsdp dcp: Zero's {nproc} ranks read {' + '.join(map(str, held))} of the {total} "
+          "parameters' optimizer states from Python's DCP directory (each its own)")
 
 
 def dcp_writes(worker, d, py):
@@ -421,6 +441,30 @@ def dcp_writes(worker, d, py):
                              "differently from the consolidated file")
     print("fsdp dcp write: resumed by loom Fsdp on 2 ranks bitwise equal to Python's; on 4 and "
           "1 as from the consolidated file (saved at 2, loaded at 1 and 4)")
+    # Asynchronous: loom::Checkpoints with {.async = true} under FsdpCheckpoint::Dcp, the
+    # directory written in a thread (its collectives on a gloo group of their own) while steps
+    # 10-19 run; the same checkpoint as the synchronous save's.
+    torchrun(["--no-python", worker, *common, f"save_at={half}", "tag=fsdp_da", "dcp=1",
+              "async=1"], WORLD, "loom fsdp saving a DCP directory asynchronously at step 10",
+             test="fsdp_parity")
+    if not bitwise(py, ranks(d, "fsdp_da")):
+        raise SystemExit("fsdp_parity: the run that saved a DCP directory asynchronously "
+                         "differs from Python's")
+    ckpts = d / "ckpts_fsdp_da"
+    listed = sorted(p.name for p in ckpts.iterdir())
+    latest = (ckpts / "latest").read_text().strip()
+    if listed != ["latest", f"step-{half}.pt"] or latest != f"step-{half}.pt":
+        raise SystemExit(f"fsdp_parity: the asynchronous save left {listed}, latest {latest!r}")
+    files = sorted(p.name for p in (ckpts / f"step-{half}.pt").iterdir())
+    dcp_to_torch_save(str(ckpts / f"step-{half}.pt"), str(d / "ckpt_fsdp_da.pt"))
+    why = same_file(by_key(torch.load(d / "ckpt_fsdp_d.pt", weights_only=False)),
+                    by_key(torch.load(d / "ckpt_fsdp_da.pt", weights_only=False)))
+    print(f"fsdp dcp write: asynchronous (Checkpoints' async, training on while it wrote): "
+          f"step-{half}.pt ({', '.join(files)}), latest -> {latest}: "
+          f"{'the synchronous save of the same step' if not why else 'DIFFERENT: ' + why}")
+    if why:
+        raise SystemExit(f"fsdp_parity: the asynchronous DCP save differs from the synchronous "
+                         f"one: {why}")
 
 
 def sharded_checkpoints(worker, d, py):

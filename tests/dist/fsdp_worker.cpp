@@ -1,9 +1,9 @@
 // The loom side of tests/dist/fsdp_parity.py: a model of three blocks (each a loom::FsdpUnit)
 // and a head trained under loom::Fsdp (or loom::Ddp), its parameters written whole at the end.
 //
-//   loom_fsdp_worker dir=DIR samples=N steps=S [strategy=fsdp|ddp] [accumulate=K] [clip=C]
-//                    [policy=bf16] [checkpoint=1] [reshard=0] [tag=NAME]
-//                    [save_at=I] [load=FILE start=I [resave=FILE]] [sharded=1] [dcp=1]
+//   loom_fsdp_worker dir=DIR samples=N steps=S [strategy=fsdp|ddp|zero|single] [accumulate=K]
+//                    [clip=C] [policy=bf16] [checkpoint=1] [reshard=0] [tag=NAME]
+//                    [save_at=I] [load=FILE start=I [resave=FILE]] [sharded=1] [dcp=1] [async=1]
 //                    [empty=1] [reset=SEED] [seed=SEED]
 //
 // Reads DIR/init.bin (the parameters, f32, in the module's order), DIR/x.bin (N x 15 f32) and
@@ -17,7 +17,10 @@
 // load=FILE: rt.load before the first step, which is `start`; with resave=FILE the loaded
 // state is saved again at once to FILE and the run ends; sharded=1: rt.save writes each rank's
 // pieces (FsdpCheckpoint::Sharded); dcp=1: a DCP directory (FsdpCheckpoint::Dcp), DIR/ckpt_TAG.dcp
-// for save_at. empty=1: the model built under loom::EmptyInit (no values
+// for save_at; async=1: the save_at save by loom::Checkpoints with {.async = true} instead, as
+// DIR/ckpts_TAG/step-I.pt, written while the steps after it run (waited for at the end).
+// After load=, each rank prints how many parameters have optimizer state ("optimizer states
+// after load: N of M"). empty=1: the model built under loom::EmptyInit (no values
 // until load= or reset=); reset=SEED: rt.reset_parameters after setup, seeded; seed=SEED: the
 // model built normally with that seed instead of read from init.bin. strategy=single: one
 // process.
@@ -36,6 +39,7 @@
 #include <torch/torch.h>
 
 #include <loom/loom.hpp>
+#include <loom/state/checkpoints.hpp>
 
 namespace {
 
@@ -148,6 +152,9 @@ int train(S strategy) {
   if (const std::string from = arg("load", ""); !from.empty()) {
     rt.load(from, state);
     first = iarg("start", 0);
+    std::cout << "fsdp worker rank " << s.rank()
+              << ": optimizer states after load: " << opt.state().size() << " of "
+              << model->parameters().size() << std::endl;
     if (const std::string to = arg("resave", ""); !to.empty()) {
       rt.save(to, state);  // loaded at this world size and strategy, saved again
       write_whole(arg("tag", "loom"));
@@ -169,8 +176,12 @@ int train(S strategy) {
     }
     return line;
   };
+  loom::Checkpoints ckpts(dir + "/ckpts_" + arg("tag", "loom"));
   for (int step = first; step < steps; ++step) {
-    if (step == save_at) {
+    if (step == save_at && arg("async", "0") == "1") {
+      ckpts.save(rt, step, state, {.async = true});
+      write_whole(arg("tag", "loom") + "_saved");
+    } else if (step == save_at) {
       const char* ext = arg("dcp", "0") == "1" ? ".dcp" : ".pt";
       rt.save(dir + "/ckpt_" + arg("tag", "loom") + ext, state);
       write_whole(arg("tag", "loom") + "_saved");
@@ -206,6 +217,7 @@ int train(S strategy) {
     std::cout << "fsdp cuda rank " << s.rank() << ": peak allocated bytes "
               << stats.allocated_bytes[0].peak << std::endl;
   }
+  ckpts.wait(rt);  // an asynchronous save's write, if any
   const auto written = write_whole(arg("tag", "loom"));
   const std::string name = dir + "/" + arg("tag", "loom") + "_rank" + std::to_string(s.rank());
   if (clip > 0) {
@@ -223,6 +235,7 @@ template <class D>
 int run() {
   if (arg("strategy", "fsdp") == "ddp") return train<D>(loom::Ddp());
   if (arg("strategy", "fsdp") == "single") return train<D>(loom::SingleProcess());
+  if (arg("strategy", "fsdp") == "zero") return train<D>(loom::Zero());
   loom::FsdpOptions options;
   options.reshard_after_forward = arg("reshard", "1") == "1";
   if (arg("sharded", "0") == "1") options.checkpoint = loom::FsdpCheckpoint::Sharded;

@@ -6,6 +6,7 @@
 // CheckpointIO that a strategy's save_checkpoint hands the value to on the ranks that write.
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -167,22 +168,32 @@ class AsyncWriter {
   /// SaveOptions as given) in a thread of its own. One write at a time: wait() for the last
   /// one first (a loom::Error otherwise).
   void start(const std::filesystem::path& path, const c10::IValue& value) {
+    const SaveOptions options = options_;
+    run(value, [path, options](const c10::IValue& copy) { save_value(path, copy, options); });
+  }
+
+  /// Copies `value` (Snapshot) and calls `write(copy)` in a thread of its own: a save of
+  /// another layout than one file (a DCP directory, whose ranks also agree in that thread on
+  /// a group of their own). What `write` throws is wait()'s error. One write at a time.
+  void run(const c10::IValue& value, std::function<void(const c10::IValue&)> write) {
     if (thread_.joinable()) {
       throw Error("loom::checkpoint::AsyncWriter: a write is under way; wait() for it first");
     }
     auto snapshot = std::make_shared<Snapshot>(value, &pool_);
     pool_.clear();  // what the new copy did not reuse
     snapshot_ = snapshot;
-    const SaveOptions options = options_;
-    thread_ = std::thread([this, path, snapshot, options] {
+    thread_ = std::thread([this, snapshot, write = std::move(write)] {
       try {
-        save_value(path, snapshot->ready(), options);
+        write(snapshot->ready());
       } catch (...) {
         std::lock_guard<std::mutex> lock(mutex_);
         error_ = std::current_exception();
       }
     });
   }
+
+  /// The SaveOptions writes are made with.
+  const SaveOptions& options() const { return options_; }
 
   /// True while a write started by start() may be under way (until wait()).
   bool pending() const { return thread_.joinable(); }
@@ -219,6 +230,9 @@ class AsyncFile final : public CheckpointIO {
   c10::IValue load(const std::filesystem::path& path, c10::Device map_location) const override {
     return load_value(path, map_location);
   }
+  /// The writer: a strategy that writes another layout than one file per rank hands it its
+  /// own write (AsyncWriter::run).
+  AsyncWriter& writer() const { return *writer_; }
 
  private:
   AsyncWriter* writer_;

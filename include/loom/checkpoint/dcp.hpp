@@ -111,11 +111,17 @@ struct ReadCount {
 using RowsOf = std::function<std::optional<std::pair<int64_t, int64_t>>(
     const std::vector<PathStep>& path, const std::vector<int64_t>& size)>;
 
+/// Which items a reader leaves out, given their path (as RowsOf is given it): neither read
+/// nor in the value.
+using Skip = std::function<bool(const std::vector<PathStep>& path)>;
+
 /// load, where `rows_of` asks for part of a tensor: that tensor comes back as those rows only,
 /// and a chunk that holds none of them is not read (what loom::Fsdp does: each rank reads the
-/// byte ranges of its own rows). `count`, when given, says what was read.
+/// byte ranges of its own rows); the items `skip` names are left out (what loom::Zero does:
+/// each rank reads the optimizer states of the parameters it owns). `count`, when given, says
+/// what was read.
 c10::IValue load(const std::filesystem::path& dir, c10::Device device, const RowsOf& rows_of,
-                 ReadCount* count = nullptr);
+                 ReadCount* count = nullptr, const Skip& skip = nullptr);
 
 // ---- writing ------------------------------------------------------------------------------
 

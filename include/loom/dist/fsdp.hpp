@@ -83,7 +83,7 @@ enum class FsdpCheckpoint {
   /// optimizer's state keyed by the parameters' names. Staged beside the path and renamed
   /// into place. Python's dcp.load reads it into FSDP2 at any world size (and
   /// dcp_to_torch_save makes one file of it); every loom strategy's rt.load reads it.
-  /// Written synchronously: an asynchronous save (Checkpoints' async) is a loom::Error.
+  /// Checkpoints' {.async = true} copies now and writes in a thread (on a gloo group).
   Dcp,
 };
 
