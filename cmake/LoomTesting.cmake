@@ -168,7 +168,7 @@ set(LOOM_TEST_OPTIMIZATION "" CACHE STRING
 option(LOOM_TEST_PCH "Build loom's tests and examples on one precompiled header" OFF)
 
 # loom_test_programs([NO_PCH]): applies the two settings to every executable and object
-# library this directory defined that links loom::loom, has no precompiled header of its own
+# library this directory defined that links loom::loom or loom::dist, has no precompiled header of its own
 # and is not instrumented (the fuzzers). NO_PCH: LOOM_TEST_OPTIMIZATION only (the examples,
 # which compile as a user's program does, each with its own includes).
 function(loom_test_programs)
@@ -181,7 +181,8 @@ function(loom_test_programs)
     get_target_property(reuse ${t} PRECOMPILE_HEADERS_REUSE_FROM)
     get_target_property(options ${t} COMPILE_OPTIONS)
     get_target_property(excluded ${t} EXCLUDE_FROM_ALL)
-    if(NOT type MATCHES "^(EXECUTABLE|OBJECT_LIBRARY)$" OR NOT "loom::loom" IN_LIST links
+    if(NOT type MATCHES "^(EXECUTABLE|OBJECT_LIBRARY)$"
+       OR NOT ("loom::loom" IN_LIST links OR "loom::dist" IN_LIST links)
        OR pch OR reuse OR excluded OR "${options}" MATCHES "-fsanitize")
       continue()
     endif()

@@ -102,7 +102,8 @@ if [ "$gpus" = 0 ]; then
   finish "SKIPPED (no GPU)" 77
 fi
 
-# 4. The tests labelled gpu.
+# 4. The tests labelled gpu (among them: loom::Profiler's trace holds the CUDA kernels of its
+# window, tests/gpu/toolbox_cuda_test.cpp).
 status=0
 timeout "$(left)" ctest --test-dir "$build" -L gpu --output-on-failure --timeout 180 \
   >"$out/ctest.log" 2>&1 || status=1

@@ -1,16 +1,19 @@
 // The toolbox on a GPU: a logger reads CUDA loss tensors once per flush, exactly; the memory
 // monitor reports the caching allocator's counters; EMA updates CUDA weights without a sync;
-// several fused optimizers step under 16-mixed without one.
+// several fused optimizers step under 16-mixed without one; the profiler's trace holds the
+// CUDA kernels.
 // Registered with label gpu only under LOOM_BUILD_GPU_TESTS; compiled everywhere.
 #include <unistd.h>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
@@ -21,6 +24,7 @@
 #include <loom/loggers/monitors.hpp>
 #include <loom/loom.hpp>
 #include <loom/optim/ema.hpp>
+#include <loom/profiler.hpp>
 
 TEST_CASE("A logger reads CUDA values once per flush and writes them exactly", "[gpu]") {
   const auto dir =
@@ -95,4 +99,30 @@ TEST_CASE("Several fused optimizers step under 16-mixed on CUDA without a host s
   CHECK(results[0].applied());
   CHECK(results[1].applied());
   CHECK(a.param_groups()[0].params()[0].is_cuda());
+}
+
+TEST_CASE("The profiler's trace holds the CUDA kernels of its window", "[gpu]") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("loom_gpu_profiler_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const auto a = at::randn({512, 512}, at::TensorOptions(at::kCUDA));
+  (void)a.mm(a);  // CUDA's and cuBLAS's start-up outside the window
+  loom::Profiler prof({.dir = dir, .rank = 0});
+  prof.start();
+  for (int i = 0; i < 3; ++i) {
+    loom::RecordFunction scope("product");
+    (void)a.mm(a);
+    prof.step();
+  }
+  c10::cuda::device_synchronize();
+  prof.stop();
+  int64_t kernels = 0;
+  for (const auto& e : prof.events()) kernels += e.device == c10::DeviceType::CUDA ? 1 : 0;
+  CHECK(kernels >= 3);  // a GEMM kernel a product at least
+  REQUIRE(prof.traces().size() == 1);
+  std::ifstream in(prof.traces()[0]);
+  const std::string trace((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(trace.find("\"cat\": \"kernel\"") != std::string::npos);
+  CHECK(trace.find("\"product\"") != std::string::npos);
+  std::filesystem::remove_all(dir);
 }

@@ -61,6 +61,29 @@ class FusedOptimizer : public torch::optim::Optimizer {
     if (group.has_options()) param_groups_.back().set_options(group.options().clone());
   }
 
+  /// Python's optimizer.zero_grad(set_to_none): each gradient dropped (`p.grad = None`; the
+  /// zero_grad of LibTorch's Optimizer, hidden here, first detaches it in place: one operator
+  /// more per parameter and step), or, with set_to_none false, detached from its graph and
+  /// zeroed.
+  void zero_grad(bool set_to_none = true) {
+    for (auto& group : param_groups_) {
+      for (auto& p : group.params()) {
+        at::Tensor& g = p.mutable_grad();
+        if (!g.defined()) continue;
+        if (set_to_none) {
+          g.reset();
+          continue;
+        }
+        if (g.grad_fn()) {
+          g.detach_();
+        } else {
+          g.requires_grad_(false);
+        }
+        g.zero_();
+      }
+    }
+  }
+
   /// Whether set_amp has given the next step a found_inf flag.
   bool has_found_inf() const noexcept { return found_inf_.master().defined(); }
 

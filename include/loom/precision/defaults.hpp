@@ -2,8 +2,10 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/ones_like.h>
 #include <c10/core/Device.h>
 #include <c10/core/DeviceType.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -45,8 +47,21 @@ struct Defaults {
   at::Tensor convert_output(const at::Tensor& t) const { return t; }
 
   at::Tensor pre_backward(const at::Tensor& loss, torch::nn::Module&) { return loss; }
-  void backward(const at::Tensor& loss, torch::nn::Module&) { loss.backward(); }
-  at::Tensor post_backward(const at::Tensor& loss, torch::nn::Module&) { return loss.detach(); }
+  /// Python's loss.backward(): a scalar loss's seed gradient made as torch.autograd makes it
+  /// (ones_like, preserve_format), so the step runs Python's operators (LibTorch's own seed is
+  /// contiguous: aten::empty where Python has aten::empty_strided); any other loss as
+  /// LibTorch's backward() takes it (a non-scalar one is its error).
+  void backward(const at::Tensor& loss, torch::nn::Module&) {
+    if (loss.requires_grad() && loss.numel() == 1) {
+      torch::autograd::backward({loss}, {at::ones_like(loss, at::MemoryFormat::Preserve)});
+    } else {
+      loss.backward();
+    }
+  }
+  /// The loss without its graph, for logging: a shallow copy (no operator dispatched).
+  at::Tensor post_backward(const at::Tensor& loss, torch::nn::Module&) {
+    return loss.variable_data();
+  }
 
   /// State every rank must agree on before the optimizer step: a tensor the runtime all-reduces
   /// with Max in place across ranks before each optimizer_step (fp8-mixed: the delayed
