@@ -74,6 +74,21 @@ int main(int argc, char** argv) {
     if (prof) prof->stop();
     return median(us);
   };
+  // The idle profiler's own cost, alone: a step() and a RecordFunction scope, a million times.
+  {
+    loom::Profiler idle_only(loom::ProfilerOptions{
+        .schedule = loom::ProfilerSchedule{.wait = 1 << 30, .warmup = 1, .active = 1}});
+    idle_only.start();
+    const int n = 1000000;
+    const auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      loom::RecordFunction scope("forward");
+      idle_only.step();
+    }
+    const double ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / n;
+    idle_only.stop();
+    std::printf("an idle step() and RecordFunction scope: %.1f ns\n", ns);
+  }
   block(0);  // warm-up
   std::vector<double> plain, idle, active;
   for (int r = 0; r < rounds; ++r) {

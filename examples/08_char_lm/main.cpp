@@ -9,7 +9,7 @@
 //           [--layers 2] [--heads 4] [--lr 3e-3] [--warmup-steps 20] [--clip 1.0]
 //           [--ema-decay 0.99] [--checkpoint-activations] [--log-dir DIR] [--checkpoint-dir DIR
 //           [--checkpoint-every 100]
-//           [--keep 3] [--async-save]] [--sample 200]
+//           [--keep 3] [--async-save]] [--sample 200] [--profile DIR]
 //
 // --steps plans the run (the schedule anneals to 0 at --steps); --max-steps stops it earlier,
 // as a cluster's time limit would: run it again with the same --checkpoint-dir and it resumes
@@ -17,6 +17,9 @@
 // step s are drawn from a generator seeded with s, so they do not depend on the RNG's past).
 // --checkpoint-activations runs every transformer block through loom::activation_checkpoint:
 // its activations are rebuilt in backward instead of kept, and training gives the same bits.
+// --profile DIR records steps 7-9 of the run with loom::Profiler (after 5 steps of waiting and
+// 2 of warming up): DIR/rank-R.step-9.pt.trace.json, which Perfetto and TensorBoard's
+// profiler plugin open, and the window's ten most expensive operators printed.
 // Ends with the validation loss of the trained weights and of their EMA, a sample of text from
 // the EMA weights, and "learned" when the validation loss fell well below the uniform guess's.
 #include <algorithm>
@@ -42,6 +45,7 @@
 #include <loom/loggers/progress_bar.hpp>
 #include <loom/loom.hpp>
 #include <loom/optim/ema.hpp>
+#include <loom/profiler.hpp>
 #include <loom/state/checkpoints.hpp>
 
 #include "common/char_lm.hpp"
@@ -75,6 +79,7 @@ struct Options {
   bool checkpoint_activations = false;
   int64_t sample = 200;
   std::string log_dir;
+  std::string profile_dir;
   examples::CheckpointFlags checkpoints;
 };
 
@@ -203,6 +208,18 @@ Result train(RT& rt, const Options& o) {
   auto save = [&](bool in_background = false) {
     if (ckpt) ckpt->save(rt, step, state, {.sync = true, .async = in_background});
   };
+  // --profile: steps 7-9 of this run recorded (5 waiting, 2 warming up), one trace.
+  std::optional<loom::Profiler> prof;
+  if (!o.profile_dir.empty()) {
+    prof.emplace(loom::ProfilerOptions{
+        .schedule = loom::ProfilerSchedule{.wait = 5, .warmup = 2, .active = 3, .repeat = 1},
+        .dir = o.profile_dir,
+        .on_trace_ready = [](loom::Profiler& p) {
+          std::printf("profile: %s\n%s", p.last_trace().string().c_str(),
+                      p.table("self_cpu_time_total", 10).c_str());
+        }});
+    prof->start();
+  }
   while (step < last) {
     // Accumulation: the micro-batches' gradients add up; under Ddp only the last backward
     // all-reduces. Each micro-batch's loss is divided so the step sees their mean.
@@ -226,6 +243,7 @@ Result train(RT& rt, const Options& o) {
     rt.log_dict(speed.step(o.batch_size * o.accumulate), step);
     ++step;
     progress.step(o.batch_size * o.accumulate, step_loss);  // read only when printed
+    if (prof) prof->step();
     if (step % o.checkpoints.every == 0 && step < last) save(o.checkpoints.async_save);
     if (stop.should_stop(rt)) {
       progress.finish();
@@ -236,6 +254,7 @@ Result train(RT& rt, const Options& o) {
     }
   }
   progress.finish();
+  if (prof) prof->stop();
   if (ckpt) {
     save();
     ckpt->wait(rt);
@@ -294,6 +313,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--log-dir", o.log_dir,
                  "log loss, grad norm, lr and throughput to DIR/char_lm/version_N/metrics.csv");
+  app.add_option("--profile", o.profile_dir,
+                 "record steps 7-9 with loom::Profiler: DIR/rank-R.step-9.pt.trace.json");
   o.checkpoints.add_to(app, " (run again after --max-steps or a signal to continue)");
   CLI11_PARSE(app, argc, argv);
   if (o.width % o.heads != 0) {
