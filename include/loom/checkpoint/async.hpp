@@ -195,7 +195,7 @@ class AsyncWriter {
   /// The SaveOptions writes are made with.
   const SaveOptions& options() const { return options_; }
 
-  /// True while a write started by start() may be under way (until wait()).
+  /// True while a write started by start() or run() may be under way (until wait()).
   bool pending() const { return thread_.joinable(); }
 
   /// Waits for the write under way, if any, and returns its error (nullptr when it succeeded
