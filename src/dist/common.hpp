@@ -67,9 +67,10 @@ void choose_backend(GroupState& s, c10::Device device, std::string_view backend)
 /// The rendezvous store (a TCPStore, or in memory without MASTER_ADDR).
 c10::intrusive_ptr<c10d::Store> connect_store(const GroupState& s);
 
-/// The process group on `store`, as Python's init_process_group builds it.
+/// The process group on `store`, as Python's init_process_group builds it; `name` is the
+/// group's name and store prefix ("0": the default group's; side_group's are others).
 void connect_process_group(GroupState& s, const c10::intrusive_ptr<c10d::Store>& store,
-                           c10::Device device);
+                           c10::Device device, const std::string& name = "0");
 
 // ddp.cpp
 

@@ -93,13 +93,13 @@ c10::intrusive_ptr<c10d::Store> connect_store(const detail::GroupState& s) {
 }
 
 /// The process group on `store`, with Python's prefixes: default_pg, then the group's name
-/// "0", then the device type for the backend.
+/// ("0" for the default group), then the device type for the backend.
 void connect_process_group(detail::GroupState& s, const c10::intrusive_ptr<c10d::Store>& store,
-                           c10::Device device) {
+                           c10::Device device, const std::string& name) {
   const auto timeout = s.options.timeout;
   try {
     auto group_store = c10::make_intrusive<c10d::PrefixStore>(
-        "0/", c10::make_intrusive<c10d::PrefixStore>("default_pg", store));
+        name + "/", c10::make_intrusive<c10d::PrefixStore>("default_pg", store));
     s.group = c10::make_intrusive<c10d::ProcessGroup>(group_store, s.env.rank, s.env.world_size);
     using Type = c10d::ProcessGroup::BackendType;
     // Python's switch, read as torch.distributed reads it at import.
@@ -129,7 +129,7 @@ void connect_process_group(detail::GroupState& s, const c10::intrusive_ptr<c10d:
       s.group->setDefaultBackend(Type::NCCL);
       s.group->setBackend(c10::kCUDA, Type::NCCL, b);
     }
-    s.group->setGroupName("0");
+    s.group->setGroupName(name);
   } catch (const loom::Error&) {
     throw;
   } catch (...) {
@@ -148,19 +148,7 @@ std::shared_ptr<ProcessGroup> side_group(ProcessGroup& main, std::string_view pu
   s.connect_called = true;
   if (!main.connected()) return out;
   s.store = m.store;
-  const std::string prefix = "loom_side_" + std::to_string(m.side_groups++) + "/";
-  try {
-    auto group_store = c10::make_intrusive<c10d::PrefixStore>(prefix, m.store);
-    s.group = c10::make_intrusive<c10d::ProcessGroup>(group_store, s.env.rank, s.env.world_size);
-    auto b = detail::make_gloo(c10::make_intrusive<c10d::PrefixStore>("cpu/", group_store),
-                               s.env.rank, s.env.world_size, s.options.timeout);
-    s.group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
-    s.group->setBackend(c10::kCPU, c10d::ProcessGroup::BackendType::GLOO, b);
-    s.group->setGroupName(prefix);
-  } catch (...) {
-    throw_failure(s, "connecting the gloo process group for " + std::string(purpose),
-                  std::current_exception());
-  }
+  connect_process_group(s, m.store, s.device, "loom_side_" + std::to_string(m.side_groups++));
   return out;
 }
 
