@@ -1,6 +1,6 @@
 #pragma once
 // The calling thread's heap allocations through operator new, which count_new.cpp replaces in
-// the executable that links it.
+// the executable that links it (not the ThreadSanitizer build: its runtime defines them).
 #include <cstdint>
 
 namespace loom::testing {
