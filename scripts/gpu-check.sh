@@ -103,7 +103,8 @@ if [ "$gpus" = 0 ]; then
 fi
 
 # 4. The tests labelled gpu (among them: loom::Profiler's trace holds the CUDA kernels of its
-# window, tests/gpu/toolbox_cuda_test.cpp).
+# window, tests/gpu/toolbox_cuda_test.cpp; loom::Published copies a CUDA learner's weights to
+# pinned CPU snapshots on a side stream, without a host wait, tests/gpu/published_cuda_test.cpp).
 status=0
 timeout "$(left)" ctest --test-dir "$build" -L gpu --output-on-failure --timeout 180 \
   >"$out/ctest.log" 2>&1 || status=1

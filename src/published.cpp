@@ -52,7 +52,8 @@ struct PublishedCore::Slot {
 struct PublishedCore::State {
   MakeReplica make;
   PublishOptions options;
-  std::vector<at::Tensor> sources;  // the learner's tensors, in tensors_of's order
+  const torch::nn::Module* model = nullptr;  // the learner's, whose tensors `sources` are
+  std::vector<at::Tensor> sources;           // the learner's tensors, in tensors_of's order
   std::vector<std::string> names;
   // Slots are only added (by the learner) and never move: readers reach one through latest.
   std::deque<Slot> slots;
@@ -154,6 +155,7 @@ PublishedCore::PublishedCore(const torch::nn::Module& model, MakeReplica make,
     : s_(std::make_unique<State>()) {
   s_->make = std::move(make);
   s_->options = options;
+  s_->model = &model;
   for (auto& [name, t] : tensors_of(model)) {
     s_->names.push_back(name);
     s_->sources.push_back(t);
@@ -177,8 +179,13 @@ PublishedCore::~PublishedCore() {
 }
 
 int64_t PublishedCore::publish(const torch::nn::Module& model) {
-  (void)model;  // its tensors were taken at construction
   State& s = *s_;
+  if (&model != s.model) {
+    // Its tensors were taken at construction: another module's would not be what is copied.
+    throw Error(
+        "loom::Published::publish: not the module this Published was built from (its "
+        "parameters and buffers are taken at construction)");
+  }
   s.land();
   Slot& slot = s.claim();
   const int64_t version = s.next_version++;

@@ -166,7 +166,8 @@ class Published {
             as_module(model), replica_maker(model, std::move(make)), options)) {}
 
   /// Copies the model's weights into a slot no reader holds and makes it the latest; returns
-  /// its version. Called by one thread (the learner), which never waits for a reader.
+  /// its version. Called by one thread (the learner), which never waits for a reader. `model`
+  /// is the one Published was built from (another module is a loom::Error).
   int64_t publish(const M& model) { return core_->publish(as_module(model)); }
 
   /// Makes a version whose copy to another device has completed the latest (publish() does it

@@ -180,6 +180,9 @@ TEST_CASE("Published replicates modules that cannot be cloned, given a Factory w
   CHECK(at::equal(published.latest()->w, wide->w));
   CHECK_THROWS_WITH(loom::Published<Wide>(wide, {}, [] { return Wide(6); }),
                     Catch::Matchers::Contains("does not match the model's 'w'"));
+  Wide other(5);
+  CHECK_THROWS_WITH(published.publish(other),
+                    Catch::Matchers::Contains("not the module this Published was built from"));
 
   // Cloneable modules are cloned (LibTorch's own layers).
   torch::nn::Linear linear(3, 2);
