@@ -50,6 +50,8 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <loom/nn/impl_of.hpp>
+
 namespace loom {
 
 /// Where and how readers get the weights.
@@ -89,19 +91,6 @@ class PublishedCore {
   std::unique_ptr<State> s_;
 };
 
-template <class M>
-struct PublishedImpl {
-  using type = M;
-};
-template <class M>
-requires torch::detail::is_module_holder<M>::value struct PublishedImpl<M> {
-  using type = typename M::ContainedType;
-};
-template <class M>
-struct PublishedImpl<std::shared_ptr<M>> {
-  using type = M;
-};
-
 }  // namespace detail
 
 /// See the top of this header. `M`: a module holder (a TORCH_MODULE, torch::nn::Linear) or a
@@ -110,7 +99,7 @@ template <class M>
 class Published {
  public:
   /// The module class a snapshot holds (the holder's Impl).
-  using Module = typename detail::PublishedImpl<M>::type;
+  using Module = typename nn::detail::ImplOf<M>::type;
   /// Builds an empty replica of the model (its values are copied in by loom): needed only for
   /// a module that is neither torch::nn::Cloneable nor default-constructible.
   using Factory = std::function<M()>;

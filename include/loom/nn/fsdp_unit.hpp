@@ -28,6 +28,8 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <loom/nn/impl_of.hpp>
+
 namespace loom::nn {
 
 namespace detail {
@@ -103,15 +105,6 @@ class UnitImpl<Impl, R (C::*)(A...)> : public Impl, public UnitBase {
   }
 };
 
-template <class T>
-struct ImplOf {
-  using type = T;
-};
-template <class T>
-requires torch::detail::is_module_holder<T>::value struct ImplOf<T> {
-  using type = typename T::ContainedType;
-};
-
 }  // namespace detail
 
 /// The implementation class of FsdpUnit<Block>: Block's, with the unit's forward.
@@ -126,8 +119,7 @@ class FsdpUnit
   using Holder = torch::nn::ModuleHolder<FsdpUnitImpl<typename detail::ImplOf<Block>::type>>;
 
  public:
-  using Holder::Holder;
-  using Holder::operator=;
+  using Holder::Holder;  // (Holder's operator= would make `b1 = register_module(...)` ambiguous)
 };
 
 }  // namespace loom::nn

@@ -41,6 +41,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <loom/error.hpp>
+#include <loom/nn/impl_of.hpp>
 
 namespace loom::nn {
 
@@ -157,15 +158,6 @@ class HookedImpl<Impl, R (C::*)(A...)> : public Impl {
   std::shared_ptr<HookList<ForwardHook>> post_ = std::make_shared<HookList<ForwardHook>>();
 };
 
-template <class T>
-struct HookedImplOf {
-  using type = T;
-};
-template <class T>
-requires torch::detail::is_module_holder<T>::value struct HookedImplOf<T> {
-  using type = typename T::ContainedType;
-};
-
 }  // namespace detail
 
 /// The implementation class of Hooked<Block>: Block's, with hooks around its forward.
@@ -176,9 +168,8 @@ using HookedImpl = detail::HookedImpl<Impl, decltype(&Impl::forward)>;
 /// with forward pre-hooks and forward hooks; see the top of this header. Constructed with
 /// Block's arguments.
 template <class Block>
-class Hooked
-    : public torch::nn::ModuleHolder<HookedImpl<typename detail::HookedImplOf<Block>::type>> {
-  using Holder = torch::nn::ModuleHolder<HookedImpl<typename detail::HookedImplOf<Block>::type>>;
+class Hooked : public torch::nn::ModuleHolder<HookedImpl<typename detail::ImplOf<Block>::type>> {
+  using Holder = torch::nn::ModuleHolder<HookedImpl<typename detail::ImplOf<Block>::type>>;
 
  public:
   using Holder::Holder;  // (Holder's operator= would make `h = register_module(...)` ambiguous)

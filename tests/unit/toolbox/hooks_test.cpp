@@ -40,6 +40,16 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
+// Wrapped members assigned from register_module, as models write them.
+struct WrappedImpl : torch::nn::Module {
+  loom::Hooked<torch::nn::Linear> hooked{nullptr};
+  loom::FsdpUnit<torch::nn::Linear> unit{nullptr};
+  WrappedImpl() {
+    hooked = register_module("hooked", loom::Hooked<torch::nn::Linear>(2, 2));
+    unit = register_module("unit", loom::FsdpUnit<torch::nn::Linear>(2, 2));
+  }
+};
+
 // A plain model for the optimizer-in-backward cases: parameters of different sizes.
 torch::nn::Sequential mlp() {
   torch::manual_seed(11);
@@ -145,6 +155,10 @@ TEST_CASE("A Hooked module keeps its parameter names and is the plain module wit
   outer->register_forward_pre_hook([&](auto&, auto&) { ++calls; });
   outer(x);
   CHECK(calls == 2);
+
+  WrappedImpl wrapped;
+  CHECK(wrapped.named_parameters().keys() ==
+        std::vector<std::string>{"hooked.weight", "hooked.bias", "unit.weight", "unit.bias"});
 }
 
 TEST_CASE("Hooks added or removed during a forward take effect at the next one", "[hooks]") {
