@@ -89,14 +89,16 @@ struct PublishedCore::State {
                   " parameters and buffers, the model " + std::to_string(names.size()) +
                   " (a Factory must build the same module)");
     }
-    Slot& slot = slots.emplace_back();
-    slot.replica = std::move(replica);
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       if (tensors[i].first != names[i] || tensors[i].second.sizes() != sources[i].sizes()) {
         throw Error("loom::Published: the replica's '" + tensors[i].first +
                     "' does not match the model's '" + names[i] +
                     "' (a Factory must build the same module)");
       }
+    }
+    Slot& slot = slots.emplace_back();  // checked first: a slot is whole or not there
+    slot.replica = std::move(replica);
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
       at::Tensor t = tensors[i].second;
       t.requires_grad_(false);
       if (side_copy && !t.is_pinned()) t.set_data(t.pin_memory());  // asynchronous copies in
