@@ -4,7 +4,7 @@
 // is freed as soon as it has been applied and a model never holds all its gradients at once:
 //
 //   loom::optim::OptimizerInBackward<loom::optim::AdamW> opt(
-//       model->named_parameters(), loom::optim::AdamWOptions(1e-3).weight_decay(0.01));
+//       rt, model->named_parameters(), loom::optim::AdamWOptions(1e-3).weight_decay(0.01));
 //   for (auto& batch : loader) {
 //     rt.backward(loss_of(batch), model);   // each parameter steps as its gradient is ready
 //   }                                       // (no rt.optimizer_step, no zero_grad)
@@ -19,7 +19,9 @@
 // What it excludes, as Python's recipe does: gradient accumulation over micro-batches (every
 // backward steps), clipping by the total norm (it needs every gradient first), 16-mixed's
 // GradScaler (the step cannot be skipped afterwards) and strategies that reduce gradients
-// after backward (Ddp, Zero, Fsdp: the hooks run before the reduction). LR schedulers step each
+// after backward (Ddp, Zero, Fsdp: the hooks run before the reduction). Given the runtime that
+// runs the backward (the first constructor), it refuses the last two: 16-mixed at compile
+// time, more than one process with a loom::Error. LR schedulers step each
 // optimizer (`for (auto& [name, o] : opt) scheduler_of(o).step()`). Its state is an entry of a
 // loom::State ({"optimizer", opt}): {parameter name: that optimizer's Python state_dict()},
 // torchtune's layout.
@@ -43,6 +45,22 @@ namespace loom::optim {
 template <class Optimizer>
 class OptimizerInBackward {
  public:
+  /// The optimizers of the constructor below, for the backward of `rt`, checked: its precision
+  /// must not scale the loss (16-mixed: the step would apply scaled gradients, and could not
+  /// be skipped on an overflow) and it must run one process (a strategy that reduces gradients
+  /// after backward would have the hooks step on this process's own gradients).
+  template <class Runtime, class Options>
+  requires requires { Runtime::precision_name(); }
+  OptimizerInBackward(const Runtime& rt,
+                      const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+                      const Options& options)
+      : OptimizerInBackward(checked(rt, named_parameters), options) {
+    static_assert(Runtime::precision_name() != "16-mixed",
+                  "loom::optim::OptimizerInBackward: 16-mixed scales the loss, and a step "
+                  "taken inside backward can neither unscale its gradients first nor be "
+                  "skipped on an overflow; use bf16-mixed or a true precision");
+  }
+
   /// One `Optimizer({p}, options)` for each parameter of `named_parameters` that requires
   /// grad, stepped by a hook when its gradient has been accumulated.
   template <class Options>
@@ -117,6 +135,18 @@ class OptimizerInBackward {
   }
 
  private:
+  template <class Runtime>
+  static const torch::OrderedDict<std::string, at::Tensor>& checked(
+      const Runtime& rt, const torch::OrderedDict<std::string, at::Tensor>& named_parameters) {
+    if (rt.strategy().world_size() > 1) {
+      throw Error("loom::optim::OptimizerInBackward: the runtime runs " +
+                  std::to_string(rt.strategy().world_size()) +
+                  " processes; its strategy reduces the gradients after backward, when the "
+                  "hooks have already stepped on this process's own (one process only)");
+    }
+    return named_parameters;
+  }
+
   std::vector<std::pair<std::string, std::unique_ptr<Optimizer>>> optimizers_;
   std::vector<nn::HookHandle> handles_;
 };

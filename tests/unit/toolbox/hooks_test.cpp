@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -57,6 +58,15 @@ torch::nn::Sequential mlp() {
                                torch::nn::Linear(48, 24), torch::nn::GELU(),
                                torch::nn::Linear(24, 3));
 }
+
+// A runtime of two processes, as far as OptimizerInBackward asks.
+struct TwoProcesses {
+  static constexpr std::string_view precision_name() { return "32-true"; }
+  struct Strategy {
+    int64_t world_size() const { return 2; }
+  };
+  Strategy strategy() const { return {}; }
+};
 
 int64_t live_grad_bytes(const std::vector<at::Tensor>& params) {
   int64_t bytes = 0;
@@ -251,7 +261,8 @@ TEST_CASE(
     probes.push_back(loom::register_post_accumulate_grad_hook(
         p, [&](const at::Tensor&) { peak = std::max(peak, live_grad_bytes(params)); }));
   }
-  loom::optim::OptimizerInBackward<loom::optim::AdamW> in_bwd(model->named_parameters(), options);
+  loom::optim::OptimizerInBackward<loom::optim::AdamW> in_bwd(rt, model->named_parameters(),
+                                                              options);
   CHECK(in_bwd.size() == params.size());
   for (int i = 0; i < 5; ++i) rt.backward(loss_of(model, i), model);
   for (const auto& p : params) CHECK_FALSE(p.grad().defined());  // each freed after its step
@@ -277,5 +288,8 @@ TEST_CASE(
   }
   CHECK(resumed_opt.optimizer("0.weight").param_groups()[0].options().get_lr() == 1e-2);
   CHECK_THROWS_WITH(resumed_opt.optimizer("nope"), Catch::Matchers::Contains("'nope'"));
+  CHECK_THROWS_WITH(loom::optim::OptimizerInBackward<loom::optim::AdamW>(
+                        TwoProcesses{}, resumed->named_parameters(), options),
+                    Catch::Matchers::Contains("the runtime runs 2 processes"));
   std::filesystem::remove_all(dir);
 }
